@@ -1,0 +1,6 @@
+//! Test support for tokensieve (not published): loaders for the reference engines' goldens,
+//! naive f64 reference samplers (the oracles fast paths are held to), and logit generators.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod golden;

@@ -1,0 +1,167 @@
+//! The working set the samplers read and narrow.
+//!
+//! It mirrors llama.cpp's `llama_token_data_array` because the llama.cpp convention is defined
+//! by it: a candidate's position in the array decides which token a random draw selects, a
+//! `sorted` flag that later stages trust, and `p` fields that are stale unless the previous
+//! stage recomputed them. The buffers are owned by the [`Chain`](crate::Chain) and reused, so
+//! after the first token no vocabulary-sized allocation happens.
+
+use crate::error::Result;
+use crate::logits::Logits;
+
+/// One candidate: token id, its current logit and the last probability a stage wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+#[repr(C)]
+pub struct TokenData {
+    /// Token id (index in the vocabulary).
+    pub id: u32,
+    /// The logit as edited by the stages so far (`-inf` = masked but still present).
+    pub logit: f32,
+    /// Probability as written by the last stage that computed one; stale otherwise.
+    pub p: f32,
+}
+
+/// The candidate array of one sampling step. See the module docs.
+#[derive(Debug, Default)]
+pub struct Candidates {
+    pub(crate) data: Vec<TokenData>,
+    pub(crate) selected: Option<usize>,
+    pub(crate) sorted: bool,
+    pub(crate) vocab_size: usize,
+    /// How many leading entries were dropped in place (XTC advances llama.cpp's data pointer).
+    pub(crate) dropped_front: usize,
+    /// Scratch space for stages that sort into a side buffer (reused across steps).
+    pub(crate) scratch: Vec<TokenData>,
+    /// Scratch histogram and bucket index buffers for llama.cpp's bucket sort.
+    pub(crate) buckets: Vec<u8>,
+}
+
+impl Clone for Candidates {
+    /// Clones the candidates, not the scratch buffers (they are refilled on use).
+    fn clone(&self) -> Self {
+        Candidates {
+            data: self.data.clone(),
+            selected: self.selected,
+            sorted: self.sorted,
+            vocab_size: self.vocab_size,
+            dropped_front: self.dropped_front,
+            scratch: Vec::new(),
+            buckets: Vec::new(),
+        }
+    }
+}
+
+impl Candidates {
+    /// An empty set; fill it with [`Candidates::fill`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Builds candidates from a row, validated (see [`Logits::validate`]).
+    pub fn from_logits<'a>(row: impl Into<Logits<'a>>) -> Result<Self> {
+        let mut c = Candidates::new();
+        c.fill(row.into())?;
+        Ok(c)
+    }
+
+    /// Refills from a row exactly as `llama_sampler_sample` does: entry `i` is
+    /// `(i, row[i], 0.0)`, unsorted, nothing selected. Reuses the buffer. NaN or `+inf`
+    /// logits and empty rows are errors (and leave the previous contents cleared).
+    pub fn fill(&mut self, row: Logits<'_>) -> Result<()> {
+        self.data.clear();
+        self.selected = None;
+        self.sorted = false;
+        self.dropped_front = 0;
+        self.vocab_size = 0;
+        row.validate()?;
+        self.data.reserve(row.len());
+        row.for_each(|i, v| self.data.push(TokenData { id: i as u32, logit: v, p: 0.0 }));
+        self.vocab_size = row.len();
+        Ok(())
+    }
+
+    /// The candidates in array order.
+    pub fn as_slice(&self) -> &[TokenData] {
+        &self.data
+    }
+
+    /// Mutable access for custom stages. Changing logits may invalidate [`Candidates::is_sorted`];
+    /// call [`Candidates::set_sorted`] accordingly.
+    pub fn as_mut_slice(&mut self) -> &mut [TokenData] {
+        &mut self.data
+    }
+
+    /// Number of candidates left.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// True when no candidate is left.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// The vocabulary size of the row these candidates came from.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Whether the array is known to be sorted by descending logit. As in llama.cpp, stages
+    /// trust this flag, and a stage that edits logits without clearing it leaves it stale.
+    pub fn is_sorted(&self) -> bool {
+        self.sorted
+    }
+
+    /// Sets the sorted flag.
+    pub fn set_sorted(&mut self, sorted: bool) {
+        self.sorted = sorted;
+    }
+
+    /// Index (into the array) of the selected candidate, if a selecting stage ran.
+    pub fn selected_index(&self) -> Option<usize> {
+        self.selected
+    }
+
+    /// Token id of the selected candidate, if a selecting stage ran.
+    pub fn selected_token(&self) -> Option<u32> {
+        self.selected.and_then(|i| self.data.get(i)).map(|t| t.id)
+    }
+
+    /// Marks candidate `index` as selected.
+    pub fn set_selected(&mut self, index: Option<usize>) {
+        debug_assert!(index.is_none_or(|i| i < self.data.len()));
+        self.selected = index;
+    }
+
+    /// Keeps the first `n` candidates.
+    pub fn truncate(&mut self, n: usize) {
+        self.data.truncate(n);
+    }
+
+    /// Drops the first `n` candidates (llama.cpp's XTC advances its data pointer).
+    pub fn drop_front(&mut self, n: usize) {
+        let n = n.min(self.data.len());
+        self.data.drain(..n);
+        self.dropped_front += n;
+    }
+
+    /// How many leading entries were dropped with [`Candidates::drop_front`] this step.
+    pub fn dropped_front(&self) -> usize {
+        self.dropped_front
+    }
+
+    /// The processed logits in vocabulary order: `-inf` for every token not in the set.
+    pub fn write_dense(&self, out: &mut [f32]) {
+        out.fill(f32::NEG_INFINITY);
+        for t in &self.data {
+            if let Some(slot) = out.get_mut(t.id as usize) {
+                *slot = t.logit;
+            }
+        }
+    }
+
+    /// Number of candidates whose logit is not `-inf`.
+    pub fn count_finite(&self) -> usize {
+        self.data.iter().filter(|t| t.logit > f32::NEG_INFINITY).count()
+    }
+}

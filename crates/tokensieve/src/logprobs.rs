@@ -1,0 +1,125 @@
+//! Logprobs of the sampled token and its top-N alternatives.
+//!
+//! * [`LogprobsMode::Raw`]: log-softmax of the **input row** over the full vocabulary (no
+//!   penalty, bias, temperature or truncation), as llama.cpp's server reports by default and
+//!   vLLM's `raw_logprobs`. The top N are found by partial selection (a bounded insertion
+//!   buffer, one pass), never by sorting the vocabulary.
+//! * [`LogprobsMode::Processed`]: log-softmax over the candidates the chain left (finite
+//!   logits only), i.e. the distribution the final stage drew from (llama.cpp's
+//!   `post_sampling_probs`, vLLM's `processed_logprobs`).
+//!
+//! Sums are in f64. Ties in the top N are broken by the lower token id. A token outside the
+//! processed set has logprob `-inf`.
+
+use crate::candidates::Candidates;
+use crate::logits::Logits;
+
+/// Which distribution logprobs are reported from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogprobsMode {
+    /// Log-softmax of the input row.
+    #[default]
+    Raw,
+    /// Log-softmax over the candidates left after the chain.
+    Processed,
+}
+
+/// A token and its natural-log probability.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct TokenLogprob {
+    /// Token id.
+    pub token: u32,
+    /// ln p.
+    pub logprob: f32,
+}
+
+/// The result of [`Chain::sample_with_logprobs`](crate::Chain::sample_with_logprobs).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Sampled {
+    /// The sampled token.
+    pub token: u32,
+    /// Its logprob in the requested mode.
+    pub logprob: f32,
+    /// The most likely tokens, most likely first.
+    pub top_logprobs: Vec<TokenLogprob>,
+}
+
+/// Keeps the `n` best `(logit, id)` pairs, best first, ties to the lower id.
+fn push_top(top: &mut Vec<(f32, u32)>, n: usize, logit: f32, id: u32) {
+    if n == 0 {
+        return;
+    }
+    let better = |a: (f32, u32), b: (f32, u32)| a.0 > b.0 || (a.0 == b.0 && a.1 < b.1);
+    if top.len() == n && !better((logit, id), top[n - 1]) {
+        return;
+    }
+    let pos = top.partition_point(|&e| better(e, (logit, id)));
+    if top.len() == n {
+        top.pop();
+    }
+    top.insert(pos, (logit, id));
+}
+
+/// Raw mode: returns the logprob of `token` and fills `out` with the top `n`.
+pub fn raw(row: Logits<'_>, token: u32, n: usize, out: &mut Vec<TokenLogprob>) -> f32 {
+    let mut max = f32::NEG_INFINITY;
+    row.for_each(|_, v| max = max.max(v));
+    let mut sum = 0.0f64;
+    let mut top: Vec<(f32, u32)> = Vec::with_capacity(n + 1);
+    row.for_each(|i, v| {
+        sum += ((v - max) as f64).exp();
+        push_top(&mut top, n, v, i as u32);
+    });
+    let lse = max as f64 + sum.ln();
+    out.clear();
+    out.extend(top.iter().map(|&(l, id)| TokenLogprob { token: id, logprob: (l as f64 - lse) as f32 }));
+    (row.get(token as usize) as f64 - lse) as f32
+}
+
+/// Processed mode: over the finite candidates left in `c`.
+pub fn processed(c: &Candidates, token: u32, n: usize, out: &mut Vec<TokenLogprob>) -> f32 {
+    let finite = || c.as_slice().iter().filter(|t| t.logit > f32::NEG_INFINITY);
+    let max = finite().map(|t| t.logit).fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    let mut top: Vec<(f32, u32)> = Vec::with_capacity(n + 1);
+    let mut token_logit = f32::NEG_INFINITY;
+    for t in finite() {
+        sum += ((t.logit - max) as f64).exp();
+        push_top(&mut top, n, t.logit, t.id);
+        if t.id == token {
+            token_logit = t.logit;
+        }
+    }
+    let lse = max as f64 + sum.ln();
+    out.clear();
+    out.extend(top.iter().map(|&(l, id)| TokenLogprob { token: id, logprob: (l as f64 - lse) as f32 }));
+    (token_logit as f64 - lse) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_matches_a_direct_log_softmax() {
+        let row = [1.0f32, 3.0, 2.0, 3.0, f32::NEG_INFINITY];
+        let mut top = Vec::new();
+        let lp = raw(Logits::from(&row[..]), 2, 3, &mut top);
+        let z: f64 = row.iter().map(|&v| (v as f64).exp()).sum::<f64>().ln();
+        assert!((lp as f64 - (2.0 - z)).abs() < 1e-6);
+        assert_eq!(top.iter().map(|t| t.token).collect::<Vec<_>>(), [1, 3, 2]);
+        let total: f64 = row.iter().map(|&v| ((v as f64) - z).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn processed_ignores_masked_candidates() {
+        let c = Candidates::from_logits(&[0.0f32, f32::NEG_INFINITY, 0.0]).unwrap();
+        let mut top = Vec::new();
+        let lp = processed(&c, 0, 5, &mut top);
+        assert!((lp - 0.5f32.ln()).abs() < 1e-6);
+        assert_eq!(top.len(), 2);
+        assert_eq!(processed(&c, 1, 0, &mut top), f32::NEG_INFINITY);
+    }
+}
