@@ -14,6 +14,17 @@ pub fn desc(a: &TokenData, b: &TokenData) -> bool {
     a.logit > b.logit
 }
 
+/// C++'s `std::max(a, b)`: `a < b ? b : a`. Unlike [`f32::max`] it returns `a` for `-0.0`
+/// against `0.0` (and for NaN in `b`), which is what llama.cpp's max scans compute.
+#[inline]
+pub fn std_max(a: f32, b: f32) -> f32 {
+    if a < b {
+        b
+    } else {
+        a
+    }
+}
+
 const N_BUCKETS: usize = 128;
 const BUCKET_SCALE: f32 = N_BUCKETS as f32 / 20.0; // 128 buckets over [-10, 10]
 const BUCKET_INTER: f32 = 10.0 * BUCKET_SCALE;

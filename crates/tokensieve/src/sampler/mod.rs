@@ -14,9 +14,21 @@ use crate::params::spec::{Bound, StageSpec};
 use crate::rng::RngConfig;
 
 pub mod dist;
+pub mod dry;
 pub mod greedy;
+pub mod gumbel;
+pub mod logit_bias;
+pub mod min_p;
+pub mod mirostat;
+pub mod mirostat_v2;
+pub mod penalties;
+pub mod temp_ext;
 pub mod temperature;
 pub mod top_k;
+pub mod top_n_sigma;
+pub mod top_p;
+pub mod typical;
+pub mod xtc;
 
 /// One stage of a sampling chain.
 pub trait Sampler {
@@ -127,6 +139,30 @@ stages! {
     Temperature(temperature::Temperature) = "temperature",
     /// Keeps the k most likely candidates.
     TopK(top_k::TopK) = "top_k",
+    /// Repetition, frequency and presence penalties over the recent tokens.
+    Penalties(penalties::Penalties) = "penalties",
+    /// Adds fixed biases to chosen tokens' logits.
+    LogitBias(logit_bias::LogitBias) = "logit_bias",
+    /// Mirostat v1 (selects).
+    Mirostat(mirostat::Mirostat) = "mirostat",
+    /// Mirostat v2 (selects).
+    MirostatV2(mirostat_v2::MirostatV2) = "mirostat_v2",
+    /// DRY ("don't repeat yourself") repetition penalty.
+    Dry(dry::Dry) = "dry",
+    /// Gumbel-max selection with counter-based noise per token id (selects).
+    Gumbel(gumbel::Gumbel) = "gumbel",
+    /// Nucleus sampling: keeps the smallest most-likely prefix with mass `>= p`.
+    TopP(top_p::TopP) = "top_p",
+    /// Keeps candidates with probability at least `p` times the largest.
+    MinP(min_p::MinP) = "min_p",
+    /// Locally typical sampling.
+    Typical(typical::Typical) = "typical",
+    /// Dynamic (entropy-based) temperature.
+    TempExt(temp_ext::TempExt) = "temp_ext",
+    /// Masks logits more than `n` standard deviations below the maximum.
+    TopNSigma(top_n_sigma::TopNSigma) = "top_n_sigma",
+    /// Exclude top choices: with some chance, drops the most likely candidates above a threshold.
+    Xtc(xtc::Xtc) = "xtc",
 }
 
 /// Checks that `v` is finite, naming the stage and parameter otherwise.
@@ -136,6 +172,11 @@ pub(crate) fn require_finite(stage: &str, name: &str, v: f32) -> Result<f32> {
     } else {
         Err(Error::parameter(stage, name, format!("must be a finite number, got {v}")))
     }
+}
+
+/// Converts a `min_keep` parameter (llama.cpp's `size_t`) to `usize`, rejecting negatives.
+pub(crate) fn require_min_keep(stage: &str, v: i32) -> Result<usize> {
+    usize::try_from(v).map_err(|_| Error::parameter(stage, "min_keep", format!("must be >= 0, got {v}")))
 }
 
 /// Error unless some candidate has a finite logit (a selecting stage needs one).
