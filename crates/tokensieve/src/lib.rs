@@ -59,5 +59,11 @@ pub use convention::Convention;
 pub use error::{Error, Result};
 pub use logits::{Logits, LogitsBatch};
 pub use logprobs::{LogprobsMode, Sampled, TokenLogprob};
+pub use params::SamplingParams;
 pub use rng::{RngConfig, RngKind};
 pub use sampler::{Sampler, Stage};
+
+/// The README's Rust examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
