@@ -1,0 +1,4 @@
+//! The subcommands.
+
+pub mod apply;
+pub mod sample;
