@@ -3,4 +3,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod generate;
 pub mod golden;
+pub mod proptest_support;
+pub mod reference;

@@ -15,11 +15,20 @@ use tokensieve_testkit::golden::{
     llama_cpp::{same_bits, Case, Set},
 };
 
-#[derive(Debug)]
 enum Outcome {
     Match,
     Mismatch(String),
     Error(String),
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Match => f.write_str("match"),
+            Outcome::Mismatch(m) => write!(f, "mismatch: {m}"),
+            Outcome::Error(e) => write!(f, "error: {e}"),
+        }
+    }
 }
 
 fn run_case(set: &Set, c: &Case) -> Outcome {
@@ -129,7 +138,7 @@ fn every_llama_cpp_golden_case_matches() {
             }
             Outcome::Error(e) if c.degenerate && e.contains("no candidate") => degenerate_errors += 1,
             other => failures.push(format!(
-                "case {} [{}] {} (V={}, kind={}, tie={}, degenerate={}): {:?}",
+                "case {} [{}] {} (V={}, kind={}, tie={}, degenerate={}): {}",
                 c.id,
                 c.group,
                 c.chain,
