@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 fn check(chains: &[Chain], batch: &LogitsBatch<'_>) -> Result<()> {
     if chains.len() != batch.rows() {
-        return Err(Error::shape(format!("{} chains for a batch of {} rows", chains.len(), batch.rows())));
+        return Err(Error::invalid(format!("{} chains for a batch of {} rows", chains.len(), batch.rows())));
     }
     Ok(())
 }

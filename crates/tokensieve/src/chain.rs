@@ -140,7 +140,12 @@ impl Chain {
             return Err(Error::chain("this chain was built for `apply` and has no selecting stage"));
         }
         self.apply(row)?;
-        self.candidates.selected_token().ok_or_else(|| Error::chain("the selecting stage did not select a token"))
+        self.candidates.selected_token().ok_or_else(|| {
+            Error::internal(format!(
+                "the selecting stage `{}` did not select a token",
+                self.stages.last().map_or("?", |s| s.name())
+            ))
+        })
     }
 
     /// Adds `token` to the sequence: every stage sees it (penalty windows, mirostat's `mu`,

@@ -23,7 +23,8 @@ enum ErrorKind {
     Chain(String),
     Spec { position: usize, message: String },
     Field { field: String, message: String },
-    Shape(String),
+    Invalid(String),
+    Internal(String),
     TokenOutOfRange { what: &'static str, token: i64, vocab: usize },
 }
 
@@ -41,6 +42,10 @@ impl Error {
     pub fn parameter(stage: impl Into<String>, name: impl Into<String>, message: impl Into<String>) -> Self {
         Error { kind: ErrorKind::Parameter { stage: stage.into(), name: name.into(), message: message.into() } }
     }
+    /// A broken invariant of tokensieve itself (a bug), not of the input.
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Error { kind: ErrorKind::Internal(message.into()) }
+    }
     pub(crate) fn chain(message: impl Into<String>) -> Self {
         Error { kind: ErrorKind::Chain(message.into()) }
     }
@@ -51,9 +56,10 @@ impl Error {
     pub fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
         Error { kind: ErrorKind::Field { field: field.into(), message: message.into() } }
     }
-    /// Input data of the wrong shape or type (batch dimensions, dtype).
-    pub fn shape(message: impl Into<String>) -> Self {
-        Error { kind: ErrorKind::Shape(message.into()) }
+    /// Invalid input described by `message` alone (data of the wrong shape, a malformed
+    /// request body, an unsupported option).
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error { kind: ErrorKind::Invalid(message.into()) }
     }
     /// A token id outside `0..vocab` where one must be valid (`what` says where it came from).
     pub fn token_out_of_range(what: &'static str, token: i64, vocab: usize) -> Self {
@@ -63,7 +69,7 @@ impl Error {
     /// True for errors caused by the caller's input (parameters, logits, spec strings, JSON),
     /// false for internal failures. The CLI maps the first to exit status 2.
     pub fn is_bad_input(&self) -> bool {
-        true
+        !matches!(self.kind, ErrorKind::Internal(_))
     }
 
     /// True when a token had to be selected but every candidate was masked (`-inf`).
@@ -86,7 +92,8 @@ impl fmt::Display for Error {
             ErrorKind::Chain(message) => write!(f, "invalid chain: {message}"),
             ErrorKind::Spec { position, message } => write!(f, "chain spec, at byte {position}: {message}"),
             ErrorKind::Field { field, message } => write!(f, "field `{field}`: {message}"),
-            ErrorKind::Shape(message) => write!(f, "{message}"),
+            ErrorKind::Invalid(message) => write!(f, "{message}"),
+            ErrorKind::Internal(message) => write!(f, "internal error (please report): {message}"),
             ErrorKind::TokenOutOfRange { what, token, vocab } => {
                 write!(f, "{what}: token id {token} is out of range for a vocabulary of {vocab}")
             }

@@ -112,7 +112,7 @@ impl<'a> LogitsBatch<'a> {
             return Err(Error::empty_row());
         }
         if rows.checked_mul(vocab) != Some(data.len()) {
-            return Err(Error::shape(format!(
+            return Err(Error::invalid(format!(
                 "batch of {rows} rows x {vocab} tokens needs {} values, got {}",
                 rows.saturating_mul(vocab),
                 data.len()

@@ -27,14 +27,10 @@ impl std::str::FromStr for Convention {
     fn from_str(s: &str) -> Result<Self> {
         match s {
             "llama.cpp" | "llama-cpp" | "llama_cpp" => Ok(Convention::LlamaCpp),
-            "transformers" => Err(Error::parameter(
-                "convention",
-                "name",
-                "`transformers` is not implemented yet; only `llama.cpp` is available",
-            )),
-            _ => {
-                Err(Error::parameter("convention", "name", format!("unknown convention `{s}` (expected `llama.cpp`)")))
+            "transformers" => {
+                Err(Error::invalid("convention `transformers` is not implemented yet; only `llama.cpp` is available"))
             }
+            _ => Err(Error::invalid(format!("unknown convention `{s}` (expected `llama.cpp`)"))),
         }
     }
 }

@@ -350,15 +350,15 @@ impl SamplingParams {
     /// llama.cpp's defaults; `null` counts as not given. An unknown field, a wrong type or an
     /// out-of-range value is an error naming the field; so is malformed JSON.
     pub fn from_json(body: &str) -> Result<Self> {
-        let value: serde_json::Value =
-            serde_json::from_str(body).map_err(|e| Error::shape(format!("the request body is not valid JSON: {e}")))?;
+        let value: serde_json::Value = serde_json::from_str(body)
+            .map_err(|e| Error::invalid(format!("the request body is not valid JSON: {e}")))?;
         Self::from_json_value(&value)
     }
 
     /// As [`SamplingParams::from_json`], from a parsed value.
     pub fn from_json_value(body: &serde_json::Value) -> Result<Self> {
         let obj = body.as_object().ok_or_else(|| {
-            Error::shape(format!("the request body must be a JSON object, got {}", llama_server::type_name(body)))
+            Error::invalid(format!("the request body must be a JSON object, got {}", llama_server::type_name(body)))
         })?;
         let mut params = SamplingParams::default();
         for (key, value) in obj {

@@ -114,10 +114,7 @@ impl FromSpec for MinP {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ids(c: &Candidates) -> Vec<u32> {
-        c.as_slice().iter().map(|t| t.id).collect()
-    }
+    use crate::sampler::test_util::ids;
 
     #[test]
     fn fast_path_keeps_original_order_and_p_fields() {

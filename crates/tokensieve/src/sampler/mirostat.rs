@@ -109,6 +109,23 @@ impl Mirostat {
     }
 }
 
+/// The tail both mirostats share: draw from the truncated, renormalised candidates with
+/// `std::discrete_distribution` (no draw for a single candidate), select it, and move `mu`
+/// toward the target surprise: `mu -= eta * (-log2 p_selected - tau)` in f32.
+pub(super) fn draw_and_update_mu(
+    c: &mut Candidates,
+    rng: &mut StageRng,
+    cum: &mut Vec<f64>,
+    mu: &mut f32,
+    eta: f32,
+    tau: f32,
+) {
+    let idx = llama_cpp::discrete_distribution(c.as_slice(), cum, || rng.uniform_f64());
+    c.set_selected(Some(idx));
+    let observed_surprise = -c.as_slice()[idx].p.log2();
+    *mu -= eta * (observed_surprise - tau);
+}
+
 impl Sampler for Mirostat {
     fn name(&self) -> &'static str {
         "mirostat"
@@ -120,11 +137,7 @@ impl Sampler for Mirostat {
         let k = self.top_k_estimate(c);
         llama_cpp::top_k(c, k);
         llama_cpp::softmax(c, true);
-        let rng = &mut self.rng;
-        let idx = llama_cpp::discrete_distribution(c.as_slice(), &mut self.cum, || rng.uniform_f64());
-        c.set_selected(Some(idx));
-        let observed_surprise = -c.as_slice()[idx].p.log2();
-        self.mu -= self.eta * (observed_surprise - self.tau);
+        draw_and_update_mu(c, &mut self.rng, &mut self.cum, &mut self.mu, self.eta, self.tau);
         Ok(())
     }
 

@@ -69,11 +69,7 @@ impl Sampler for MirostatV2 {
         let keep = c.as_slice().iter().position(|t| -t.p.log2() > mu).unwrap_or(c.len());
         c.truncate(keep.max(1));
         llama_cpp::softmax(c, true);
-        let rng = &mut self.rng;
-        let idx = llama_cpp::discrete_distribution(c.as_slice(), &mut self.cum, || rng.uniform_f64());
-        c.set_selected(Some(idx));
-        let observed_surprise = -c.as_slice()[idx].p.log2();
-        self.mu -= self.eta * (observed_surprise - self.tau);
+        super::mirostat::draw_and_update_mu(c, &mut self.rng, &mut self.cum, &mut self.mu, self.eta, self.tau);
         Ok(())
     }
 

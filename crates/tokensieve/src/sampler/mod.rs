@@ -187,3 +187,21 @@ pub(crate) fn require_finite_candidate(stage: &'static str, c: &Candidates) -> R
         Err(Error::no_candidates(stage))
     }
 }
+
+/// Fixtures shared by the samplers' unit tests.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use crate::candidates::Candidates;
+
+    /// Candidates whose logits are `ln p` for the given probabilities (llama.cpp's
+    /// test-sampling.cpp builds its vectors this way).
+    pub(crate) fn from_probs(probs: &[f32]) -> Candidates {
+        let logits: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
+        Candidates::from_logits(&logits).unwrap()
+    }
+
+    /// The candidates' ids in array order.
+    pub(crate) fn ids(c: &Candidates) -> Vec<u32> {
+        c.as_slice().iter().map(|t| t.id).collect()
+    }
+}

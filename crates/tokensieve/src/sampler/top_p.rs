@@ -143,15 +143,7 @@ impl FromSpec for TopP {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn from_probs(probs: &[f32]) -> Candidates {
-        let logits: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
-        Candidates::from_logits(&logits).unwrap()
-    }
-
-    fn ids(c: &Candidates) -> Vec<u32> {
-        c.as_slice().iter().map(|t| t.id).collect()
-    }
+    use crate::sampler::test_util::{from_probs, ids};
 
     #[test]
     fn llama_cpp_test_vectors() {

@@ -121,11 +121,7 @@ impl FromSpec for Xtc {
 mod tests {
     use super::*;
     use crate::rng::Mt19937;
-
-    fn from_probs(probs: &[f32]) -> Candidates {
-        let logits: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
-        Candidates::from_logits(&logits).unwrap()
-    }
+    use crate::sampler::test_util::from_probs;
 
     #[test]
     fn llama_cpp_test_vectors() {
