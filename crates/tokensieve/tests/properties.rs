@@ -16,10 +16,6 @@
 //!   `no_candidates` errors for selecting chains, extreme parameters give a value or an error.
 //!
 //! Every run is deterministic (fixed proptest seeds, see `proptest_support`).
-//!
-//! Stages that are not implemented yet are skipped with a message, so the suite can land
-//! before them; set `REQUIRE_ALL_STAGES` (or `TOKENSIEVE_REQUIRE_ALL_STAGES=1`) to make a
-//! missing stage fail instead.
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -31,9 +27,6 @@ use tokensieve::{Candidates, Chain, RngConfig, TokenData};
 use tokensieve_testkit::generate;
 use tokensieve_testkit::proptest_support::check;
 use tokensieve_testkit::reference::{self as oracle, Cand, Out};
-
-/// Flip to `true` once every stage below exists: a missing stage then fails the suite.
-const REQUIRE_ALL_STAGES: bool = false;
 
 /// Cases per property: modest, so the whole file runs in seconds at opt-level 1.
 const CASES: u32 = 160;
@@ -72,23 +65,11 @@ impl Tally {
     }
 }
 
-fn available(stages: &[&str]) -> bool {
-    let missing: Vec<&str> = stages.iter().copied().filter(|s| !LLAMA_CPP_STAGE_NAMES.contains(s)).collect();
-    if missing.is_empty() {
-        return true;
-    }
-    let required = REQUIRE_ALL_STAGES || std::env::var("TOKENSIEVE_REQUIRE_ALL_STAGES").is_ok_and(|v| v == "1");
-    assert!(!required, "stage(s) {missing:?} are not implemented (unknown to Chain::from_spec)");
-    eprintln!("SKIPPED: stage(s) {missing:?} are not implemented yet");
-    false
-}
-
 fn ctx(v: usize, rng: RngConfig) -> BuildContext<'static> {
     BuildContext::new(v, rng)
 }
 
-/// Builds a chain that must build (the parameters are valid); an unknown stage is reported
-/// as a skip by `available` before we get here.
+/// Builds a chain that must build (valid parameters, known stages).
 fn build(spec: &str, v: usize, rng: RngConfig) -> Chain {
     Chain::from_spec_for_apply(spec, &ctx(v, rng)).unwrap_or_else(|e| panic!("`{spec}` does not build: {e}"))
 }
@@ -273,9 +254,6 @@ fn dist_selects_by_inverse_cdf_in_array_order() {
 
 #[test]
 fn gumbel_selects_a_finite_candidate_and_is_greedy_at_zero_temperature() {
-    if !available(&["gumbel"]) {
-        return;
-    }
     let t = prop_oneof![Just(0.0f32), Just(-1.0), 0.05f32..5.0];
     let prefix = prop_oneof![Just(String::new()), (1..=8i32).prop_map(|k| format!("top_k({k});"))];
     check(
@@ -341,9 +319,6 @@ fn top_k_matches_oracle() {
 
 #[test]
 fn top_p_matches_oracle() {
-    if !available(&["top_p"]) {
-        return;
-    }
     let tally = Tally::default();
     check("top_p", CASES, (generate::any_row(MAX_V), top_p_param(), min_keep()), |(row, p, mk)| {
         let spec = format!("top_p({},{mk})", f(p));
@@ -369,9 +344,6 @@ fn top_p_matches_oracle() {
 
 #[test]
 fn min_p_matches_oracle() {
-    if !available(&["min_p"]) {
-        return;
-    }
     let tally = Tally::default();
     check("min_p", CASES, (generate::any_row(MAX_V), min_p_param(), min_keep()), |(row, p, mk)| {
         let spec = format!("min_p({},{mk})", f(p));
@@ -393,9 +365,6 @@ fn min_p_matches_oracle() {
 
 #[test]
 fn typical_matches_oracle() {
-    if !available(&["typical"]) {
-        return;
-    }
     let tally = Tally::default();
     check("typical", CASES, (generate::any_row(MAX_V), typical_param(), min_keep()), |(row, p, mk)| {
         let spec = format!("typical({},{mk})", f(p));
@@ -413,9 +382,6 @@ fn typical_matches_oracle() {
 
 #[test]
 fn temp_ext_matches_oracle() {
-    if !available(&["temp_ext"]) {
-        return;
-    }
     let params = (
         prop_oneof![Just(0.0f32), Just(1.0), 0.0f32..2.0],
         prop_oneof![Just(0.0f32), Just(-0.3), 0.05f32..1.5],
@@ -444,9 +410,6 @@ fn temp_ext_matches_oracle() {
 
 #[test]
 fn top_n_sigma_matches_oracle() {
-    if !available(&["top_n_sigma"]) {
-        return;
-    }
     let n = prop_oneof![Just(-1.0f32), Just(0.0), Just(1.0), 0.1f32..4.0];
     let tally = Tally::default();
     check("top_n_sigma", CASES, (generate::any_row(MAX_V), n), |(row, n)| {
@@ -467,9 +430,6 @@ fn top_n_sigma_matches_oracle() {
 /// XTC with the f32 draw an independent MT19937 makes from the same seed.
 #[test]
 fn xtc_matches_oracle() {
-    if !available(&["xtc"]) {
-        return;
-    }
     let params = (
         prop_oneof![Just(0.0f32), Just(1.0), Just(0.5), 0.0f32..1.0],
         prop_oneof![Just(0.6f32), Just(0.5), 0.01f32..0.5],
@@ -503,9 +463,6 @@ fn row_and_history() -> impl Strategy<Value = (Vec<f32>, Vec<u32>)> {
 
 #[test]
 fn penalties_match_oracle() {
-    if !available(&["penalties"]) {
-        return;
-    }
     let params = (
         prop_oneof![Just(0i32), Just(-1), 1..=8i32, 1..=100i32],
         prop_oneof![Just(1.0f32), 0.5f32..2.0],
@@ -534,9 +491,6 @@ fn penalties_match_oracle() {
 
 #[test]
 fn logit_bias_matches_oracle() {
-    if !available(&["logit_bias"]) {
-        return;
-    }
     let strategy = generate::any_row(MAX_V).prop_flat_map(|row| {
         let v = row.len() as i64;
         let bias = prop_oneof![4 => -5.0f32..5.0, 1 => Just(f32::NEG_INFINITY), 1 => Just(0.0f32)];
@@ -615,9 +569,6 @@ fn mirostat_steps(row: &[f32], tau: f32, eta: f32, which: Miro, seed: u32, tally
 
 #[test]
 fn mirostat_matches_oracle_over_steps() {
-    if !available(&["mirostat"]) {
-        return;
-    }
     let params = (0.5f32..10.0, 0.0f32..1.0, prop_oneof![Just(100usize), 2..=100usize], any::<u32>());
     let tally = Tally::default();
     check("mirostat", CASES, (generate::any_row(MAX_V), params), |(row, (tau, eta, m, seed))| {
@@ -628,9 +579,6 @@ fn mirostat_matches_oracle_over_steps() {
 
 #[test]
 fn mirostat_v2_matches_oracle_over_steps() {
-    if !available(&["mirostat_v2"]) {
-        return;
-    }
     let params = (0.5f32..10.0, 0.0f32..1.0, any::<u32>());
     let tally = Tally::default();
     check("mirostat_v2", CASES, (generate::any_row(MAX_V), params), |(row, (tau, eta, seed))| {
@@ -644,9 +592,6 @@ fn mirostat_v2_matches_oracle_over_steps() {
 
 #[test]
 fn default_chain_matches_composed_oracles() {
-    if !available(&["top_p", "min_p"]) {
-        return;
-    }
     let params = (k_param(), top_p_param(), min_keep(), min_p_param(), min_keep(), 0.1f32..3.0);
     let tally = Tally::default();
     check("default_chain", CASES, (generate::any_row(MAX_V), params), |(row, (k, p, mk1, mp, mk2, t))| {
@@ -672,13 +617,16 @@ fn default_chain_matches_composed_oracles() {
 // ---------------------------------------------------------------------------------------
 // Robustness: random chains, bad rows, extreme parameters.
 
-/// A random (valid) non-selecting stage among those implemented.
+/// A random (valid) non-selecting stage.
 fn filter_stage() -> BoxedStrategy<String> {
     let mut pool: Vec<BoxedStrategy<String>> = vec![
         k_param().prop_map(|k| format!("top_k({k})")).boxed(),
         temperature_param().prop_map(|t| format!("temperature({})", f(t))).boxed(),
     ];
-    let have = |s: &str| LLAMA_CPP_STAGE_NAMES.contains(&s);
+    let have = |s: &str| {
+        assert!(LLAMA_CPP_STAGE_NAMES.contains(&s), "stage `{s}` is unknown to Chain::from_spec");
+        true
+    };
     if have("top_p") {
         pool.push((top_p_param(), min_keep()).prop_map(|(p, k)| format!("top_p({},{k})", f(p))).boxed());
     }
@@ -725,9 +673,12 @@ fn filter_stage() -> BoxedStrategy<String> {
     proptest::strategy::Union::new(pool).boxed()
 }
 
-/// A random selecting stage among those implemented.
+/// A random selecting stage.
 fn selecting_stage() -> BoxedStrategy<String> {
-    let have = |s: &str| LLAMA_CPP_STAGE_NAMES.contains(&s);
+    let have = |s: &str| {
+        assert!(LLAMA_CPP_STAGE_NAMES.contains(&s), "stage `{s}` is unknown to Chain::from_spec");
+        true
+    };
     let mut pool: Vec<BoxedStrategy<String>> =
         vec![Just("greedy".to_string()).boxed(), Just("dist".to_string()).boxed()];
     if have("mirostat") {
