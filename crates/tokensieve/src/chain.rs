@@ -4,7 +4,7 @@
 use crate::candidates::Candidates;
 use crate::error::{Error, Result};
 use crate::logits::Logits;
-use crate::logprobs::{self, LogprobsMode, Sampled};
+use crate::logprobs::{self, LogprobsMode, Sampled, TokenLogprob};
 use crate::params::spec;
 use crate::sampler::{self, BuildContext, Sampler, Stage};
 
@@ -124,15 +124,29 @@ impl Chain {
         mode: LogprobsMode,
         top_n: usize,
     ) -> Result<Sampled> {
+        let mut top_logprobs = Vec::with_capacity(top_n + 1);
+        let (token, logprob) = self.sample_with_logprobs_into(row, mode, top_n, &mut top_logprobs)?;
+        Ok(Sampled { token, logprob, top_logprobs })
+    }
+
+    /// As [`Chain::sample_with_logprobs`], writing the alternatives into a caller-owned buffer
+    /// (cleared first) so that an inference loop allocates nothing per token. Returns the
+    /// token and its logprob.
+    pub fn sample_with_logprobs_into<'a>(
+        &mut self,
+        row: impl Into<Logits<'a>>,
+        mode: LogprobsMode,
+        top_n: usize,
+        top_logprobs: &mut Vec<TokenLogprob>,
+    ) -> Result<(u32, f32)> {
         let row = row.into();
         let token = self.select(row)?;
-        let mut top = Vec::with_capacity(top_n);
         let logprob = match mode {
-            LogprobsMode::Raw => logprobs::raw(row, token, top_n, &mut top),
-            LogprobsMode::Processed => logprobs::processed(&self.candidates, token, top_n, &mut top),
+            LogprobsMode::Raw => logprobs::raw(row, token, top_n, top_logprobs),
+            LogprobsMode::Processed => logprobs::processed(&self.candidates, token, top_n, top_logprobs),
         };
         self.accept(token);
-        Ok(Sampled { token, logprob, top_logprobs: top })
+        Ok((token, logprob))
     }
 
     fn select(&mut self, row: Logits<'_>) -> Result<u32> {

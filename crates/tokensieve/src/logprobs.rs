@@ -45,20 +45,34 @@ pub struct Sampled {
     pub top_logprobs: Vec<TokenLogprob>,
 }
 
-/// Keeps the `n` best `(logit, id)` pairs, best first, ties to the lower id.
-fn push_top(top: &mut Vec<(f32, u32)>, n: usize, logit: f32, id: u32) {
+/// Keeps the `n` best entries of `top` (ranked by the `logprob` field, which holds the raw
+/// logit until [`finish`] turns it into a logprob), best first, ties to the lower id. Never
+/// allocates once `top` has capacity `n + 1`.
+fn push_top(top: &mut Vec<TokenLogprob>, n: usize, logit: f32, id: u32) {
     if n == 0 {
         return;
     }
     let better = |a: (f32, u32), b: (f32, u32)| a.0 > b.0 || (a.0 == b.0 && a.1 < b.1);
-    if top.len() == n && !better((logit, id), top[n - 1]) {
+    if top.len() == n && !better((logit, id), (top[n - 1].logprob, top[n - 1].token)) {
         return;
     }
-    let pos = top.partition_point(|&e| better(e, (logit, id)));
+    let pos = top.partition_point(|e| better((e.logprob, e.token), (logit, id)));
     if top.len() == n {
         top.pop();
     }
-    top.insert(pos, (logit, id));
+    top.insert(pos, TokenLogprob { token: id, logprob: logit });
+}
+
+/// Turns the logits kept by [`push_top`] into logprobs given the log-sum-exp.
+fn finish(top: &mut [TokenLogprob], lse: f64) {
+    for t in top {
+        t.logprob = (t.logprob as f64 - lse) as f32;
+    }
+}
+
+fn prepare(out: &mut Vec<TokenLogprob>, n: usize) {
+    out.clear();
+    out.reserve(n + 1);
 }
 
 /// Raw mode: returns the logprob of `token` and fills `out` with the top `n`.
@@ -66,14 +80,13 @@ pub fn raw(row: Logits<'_>, token: u32, n: usize, out: &mut Vec<TokenLogprob>) -
     let mut max = f32::NEG_INFINITY;
     row.for_each(|_, v| max = max.max(v));
     let mut sum = 0.0f64;
-    let mut top: Vec<(f32, u32)> = Vec::with_capacity(n + 1);
+    prepare(out, n);
     row.for_each(|i, v| {
         sum += ((v - max) as f64).exp();
-        push_top(&mut top, n, v, i as u32);
+        push_top(out, n, v, i as u32);
     });
     let lse = max as f64 + sum.ln();
-    out.clear();
-    out.extend(top.iter().map(|&(l, id)| TokenLogprob { token: id, logprob: (l as f64 - lse) as f32 }));
+    finish(out, lse);
     (row.get(token as usize) as f64 - lse) as f32
 }
 
@@ -82,18 +95,17 @@ pub fn processed(c: &Candidates, token: u32, n: usize, out: &mut Vec<TokenLogpro
     let finite = || c.as_slice().iter().filter(|t| t.logit > f32::NEG_INFINITY);
     let max = finite().map(|t| t.logit).fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f64;
-    let mut top: Vec<(f32, u32)> = Vec::with_capacity(n + 1);
+    prepare(out, n);
     let mut token_logit = f32::NEG_INFINITY;
     for t in finite() {
         sum += ((t.logit - max) as f64).exp();
-        push_top(&mut top, n, t.logit, t.id);
+        push_top(out, n, t.logit, t.id);
         if t.id == token {
             token_logit = t.logit;
         }
     }
     let lse = max as f64 + sum.ln();
-    out.clear();
-    out.extend(top.iter().map(|&(l, id)| TokenLogprob { token: id, logprob: (l as f64 - lse) as f32 }));
+    finish(out, lse);
     (token_logit as f64 - lse) as f32
 }
 

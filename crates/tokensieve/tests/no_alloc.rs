@@ -1,0 +1,115 @@
+//! Zero heap allocations per token after warm-up: a counting global allocator watches the
+//! sampling calls of this thread only (other test threads allocate freely).
+//!
+//! Each chain samples a few tokens to warm up (buffers reach their final size, penalty windows
+//! fill), then must sample many more without a single allocation.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use tokensieve::{sampler::BuildContext, Chain, LogprobsMode, RngConfig, TokenLogprob};
+use tokensieve_testkit::generate::{self, RowKind};
+
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static COUNT: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note_allocation() {
+    // `try_with`: the thread-locals may already be gone while a thread shuts down.
+    let _ = COUNTING.try_with(|on| {
+        if on.get() {
+            let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+        }
+    });
+}
+
+// SAFETY: every call forwards to `System` with the caller's arguments unchanged, so the
+// `GlobalAlloc` contract is upheld by `System`; the bookkeeping touches only const-initialised
+// thread-locals (no allocation, no re-entrancy).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: forwarded unchanged (see above).
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: forwarded unchanged.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        // SAFETY: forwarded unchanged.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Allocations made by `f` on this thread.
+fn allocations(f: impl FnOnce()) -> usize {
+    COUNT.with(|c| c.set(0));
+    COUNTING.with(|on| on.set(true));
+    f();
+    COUNTING.with(|on| on.set(false));
+    COUNT.with(|c| c.get())
+}
+
+const CHAINS: &[&str] = &[
+    "top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist",
+    "penalties(64,1.1,0.1,0.1);top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist",
+    "top_p(0.95,1);dist",
+    "temperature(0.8);dist",
+    "min_p(0.05,1);temperature(0.8);dist",
+    "greedy",
+];
+
+#[test]
+fn sampling_allocates_nothing_after_warm_up() {
+    for vocab in [32_000usize, 128_256] {
+        let row = generate::row(RowKind::Peaked, vocab, 7);
+        for spec in CHAINS {
+            for rng in [RngConfig::philox(3), RngConfig::mt19937(3)] {
+                let mut chain = Chain::from_spec(spec, &BuildContext::new(vocab, rng)).unwrap();
+                for step in 0..80 {
+                    chain.sample(&row).unwrap_or_else(|e| panic!("{spec}, warm-up step {step}: {e}"));
+                }
+                let n = allocations(|| {
+                    for _ in 0..32 {
+                        chain.sample(&row).unwrap();
+                    }
+                });
+                assert_eq!(n, 0, "`{spec}` (V = {vocab}, {rng:?}) allocated {n} times in 32 tokens after warm-up");
+            }
+        }
+    }
+}
+
+#[test]
+fn logprobs_into_a_caller_buffer_allocate_nothing_after_warm_up() {
+    let vocab = 128_256;
+    let row = generate::row(RowKind::Peaked, vocab, 11);
+    for mode in [LogprobsMode::Raw, LogprobsMode::Processed] {
+        let mut chain = Chain::from_spec(CHAINS[0], &BuildContext::new(vocab, RngConfig::philox(5))).unwrap();
+        let mut top: Vec<TokenLogprob> = Vec::new();
+        for _ in 0..8 {
+            chain.sample_with_logprobs_into(&row, mode, 20, &mut top).unwrap();
+        }
+        let n = allocations(|| {
+            for _ in 0..16 {
+                chain.sample_with_logprobs_into(&row, mode, 20, &mut top).unwrap();
+            }
+        });
+        // Processed mode reports only the candidates the chain left (2 here).
+        let expected_len = if mode == LogprobsMode::Raw { 20 } else { chain.candidates().count_finite().min(20) };
+        assert_eq!(top.len(), expected_len);
+        assert_eq!(n, 0, "{mode:?} logprobs allocated {n} times in 16 tokens after warm-up");
+    }
+}
