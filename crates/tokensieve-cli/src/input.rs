@@ -7,7 +7,7 @@ use anyhow::Result;
 use half::{bf16, f16};
 use npyz::{DType, NpyFile, Order, TypeChar};
 use std::path::Path;
-use tokensieve::params::SamplingParams;
+use tokensieve::params::{GenerationConfig, SamplingParams};
 use tokensieve::sampler::BuildContext;
 use tokensieve::{Chain, Convention, Logits, LogitsBatch, RngConfig, RngKind};
 
@@ -187,6 +187,8 @@ fn history_npy(bytes: &[u8], name: &str) -> Result<Vec<i64>> {
 enum Source {
     Spec(String),
     Params(Box<SamplingParams>),
+    /// `--params` (or nothing) under `--convention transformers`: a generation_config.json.
+    Generation(Box<GenerationConfig>),
 }
 
 /// How to build each row's chain: the same stages and seed for every row, Philox sequence id
@@ -194,25 +196,45 @@ enum Source {
 pub struct ChainPlan {
     source: Source,
     rng: RngConfig,
+    /// Whose semantics `--chain`'s stage names have.
+    convention: Convention,
+    /// Token texts by id (a model's vocabulary), for DRY's sequence breakers.
+    vocab_text: Option<Vec<Vec<u8>>>,
 }
 
 impl ChainPlan {
     /// Reads `--chain` / `--params` / `--convention` / `--rng` / `--seed`. `n_ctx` is what a
     /// `-1` window (`repeat_last_n`, `dry_penalty_last_n`) stands for: every token the
     /// sequence will hold (history plus sampled tokens), as llama.cpp's context does.
+    ///
+    /// Under `--convention transformers`, `--params` is a `generation_config.json` (or a body
+    /// with its fields) and the chain is the processor list transformers' `generate()` builds;
+    /// without `--chain` or `--params` it is `generate()`'s default (greedy decoding).
     pub fn new(args: &ChainArgs, n_ctx: usize) -> Result<Self> {
         let convention: Convention = args.convention.parse::<Convention>()?;
-        match convention {
-            Convention::LlamaCpp => {}
-        }
         let n_ctx = Some(u32::try_from(n_ctx.max(1)).unwrap_or(u32::MAX));
         let source = match (&args.chain, &args.params) {
             (Some(spec), _) => Source::Spec(spec.clone()),
+            (None, Some(path)) if convention == Convention::Transformers => {
+                let body = std::fs::read_to_string(path)
+                    .map_err(|e| bad(format!("--params: cannot read {}: {e}", path.display())))?;
+                let config =
+                    GenerationConfig::from_json(&body).map_err(|e| lib(format!("--params {}", path.display()), e))?;
+                Source::Generation(Box::new(config))
+            }
+            (None, None) if convention == Convention::Transformers => Source::Generation(Box::default()),
             (None, Some(path)) => {
                 let body = std::fs::read_to_string(path)
                     .map_err(|e| bad(format!("--params: cannot read {}: {e}", path.display())))?;
-                let mut params =
-                    SamplingParams::from_json(&body).map_err(|e| lib(format!("--params {}", path.display()), e))?;
+                let mut params = SamplingParams::from_json(&body).map_err(|e| {
+                    // A generation_config.json read under the default convention: say so.
+                    let hint = if GenerationConfig::from_json(&body).is_ok() {
+                        " (this looks like a transformers generation config: add --convention transformers)"
+                    } else {
+                        ""
+                    };
+                    lib(format!("--params {}{hint}", path.display()), e)
+                })?;
                 if params.n > 1 {
                     return Err(bad(format!(
                         "--params {}: field `n`: {} choices were asked for; `tokensieve sample` makes one \
@@ -237,20 +259,26 @@ impl ChainPlan {
         let seed = match (&source, args.seed) {
             (_, Some(seed)) => seed,
             (Source::Params(p), None) => p.seed.unwrap_or(0),
-            (Source::Spec(_), None) => 0,
+            (Source::Spec(_) | Source::Generation(_), None) => 0,
         };
-        let mut plan = ChainPlan { source, rng: RngConfig { kind, seed, sequence: 0 } };
+        let mut plan = ChainPlan { source, rng: RngConfig { kind, seed, sequence: 0 }, convention, vocab_text: None };
         if let Source::Params(p) = &mut plan.source {
             p.seed = Some(seed);
         }
         Ok(plan)
     }
 
+    /// Gives the stages the model's token texts (DRY matches its sequence breakers in them).
+    pub fn with_vocab_text(mut self, text: Vec<Vec<u8>>) -> Self {
+        self.vocab_text = Some(text);
+        self
+    }
+
     /// The body's parameters, when the chain comes from `--params` (or the defaults).
     pub fn params(&self) -> Option<&SamplingParams> {
         match &self.source {
             Source::Params(p) => Some(p),
-            Source::Spec(_) => None,
+            Source::Spec(_) | Source::Generation(_) => None,
         }
     }
 
@@ -258,7 +286,10 @@ impl ChainPlan {
     /// a selecting stage (`sample`); otherwise it may stop after any stage (`apply`).
     pub fn build(&self, row: usize, vocab: usize, selecting: bool) -> Result<Chain> {
         let sequence = u32::try_from(row).map_err(|_| bad(format!("row {row}: too many rows")))?;
-        let ctx = BuildContext::new(vocab, self.rng.with_sequence(sequence));
+        let ctx = BuildContext {
+            vocab: self.vocab_text.as_deref(),
+            ..BuildContext::new(vocab, self.rng.with_sequence(sequence)).with_convention(self.convention)
+        };
         match &self.source {
             Source::Spec(spec) => {
                 let chain =
@@ -266,6 +297,7 @@ impl ChainPlan {
                 chain.map_err(|e| lib("--chain", e))
             }
             Source::Params(p) => p.build_chain(&ctx).map_err(|e| lib("--params", e)),
+            Source::Generation(g) => g.build_chain(&ctx).map_err(|e| lib("--params", e)),
         }
     }
 

@@ -10,12 +10,9 @@
 //! token from NaN probabilities) may instead exit with status 2 and a "no candidate" error.
 //! `GOLDEN_FILTER=text` runs only the cases whose group or chain contains `text`.
 
-use npyz::WriterBuilder;
 use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::path::Path;
+use tokensieve_testkit::cli::{self as cli, par_map, read_npy_f32, write_npy_f32, Run, ScratchDir};
 use tokensieve_testkit::golden::{
     self,
     llama_cpp::{same_bits, Case, Set},
@@ -28,19 +25,6 @@ enum Outcome {
     /// Exit status 2 with this message.
     Error(String),
     Mismatch(String),
-}
-
-fn write_row(path: &Path, row: &[f32]) {
-    let mut buf = Vec::new();
-    let mut w = npyz::WriteOptions::<f32>::new()
-        .default_dtype()
-        .shape(&[row.len() as u64])
-        .writer(&mut buf)
-        .begin_nd()
-        .unwrap();
-    w.extend(row.iter().copied()).unwrap();
-    w.finish().unwrap();
-    std::fs::write(path, buf).unwrap();
 }
 
 fn common_args(set: &Set, c: &Case, row_path: &Path) -> Vec<String> {
@@ -64,12 +48,10 @@ fn common_args(set: &Set, c: &Case, row_path: &Path) -> Vec<String> {
 
 /// Runs the binary; `Ok(stdout)` on success, `Err(outcome)` otherwise.
 fn run(args: &[String]) -> Result<String, Outcome> {
-    let o = Command::new(BIN).args(args).output().expect("running tokensieve");
-    let stderr = String::from_utf8_lossy(&o.stderr).trim().to_string();
-    match o.status.code() {
-        Some(0) => Ok(String::from_utf8(o.stdout).expect("utf-8 stdout")),
-        Some(2) if stderr.starts_with("error: ") && stderr.lines().count() == 1 => Err(Outcome::Error(stderr)),
-        code => Err(Outcome::Mismatch(format!("exit status {code:?}, stderr: {stderr}"))),
+    match cli::run(BIN, args) {
+        Run::Ok(stdout) => Ok(stdout),
+        Run::BadInput(stderr) => Err(Outcome::Error(stderr)),
+        Run::Broken(why) => Err(Outcome::Mismatch(why)),
     }
 }
 
@@ -80,13 +62,11 @@ fn run_case(set: &Set, c: &Case, row_path: &Path, out_path: &Path) -> Outcome {
     if let Err(outcome) = run(&apply) {
         return outcome;
     }
-    let bytes = std::fs::read(out_path).expect("reading OUT.npy");
+    let (shape, dense) = read_npy_f32(out_path);
     let _ = std::fs::remove_file(out_path);
-    let file = npyz::NpyFile::new(&bytes[..]).expect("OUT.npy parses");
-    if file.shape() != [set.rows[c.row].vocab as u64] {
-        return Outcome::Mismatch(format!("OUT.npy shape {:?}", file.shape()));
+    if shape != [set.rows[c.row].vocab as u64] {
+        return Outcome::Mismatch(format!("OUT.npy shape {shape:?}"));
     }
-    let dense: Vec<f32> = file.into_vec().expect("OUT.npy is f32");
     let golden = set.output(c);
     if !same_bits(&dense, golden) {
         let i = dense.iter().zip(golden).position(|(a, b)| a.to_bits() != b.to_bits()).unwrap_or(0);
@@ -121,9 +101,7 @@ fn every_llama_cpp_golden_case_through_the_cli() {
         eprintln!("skipped: shared/golden/llama.cpp not found (set TOKENSIEVE_SHARED to its parent's parent)");
         return;
     };
-    let dir: PathBuf = std::env::temp_dir().join(format!("tokensieve-golden-cli-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("golden-llama-cpp-cli");
 
     let filter = std::env::var("GOLDEN_FILTER").ok();
     let cases: Vec<&Case> = set
@@ -135,29 +113,20 @@ fn every_llama_cpp_golden_case_through_the_cli() {
     let mut written = HashSet::new();
     for c in &cases {
         if written.insert(c.row) {
-            write_row(&dir.join(format!("row-{}.npy", c.row)), set.row(c));
+            write_npy_f32(&dir.path(&format!("row-{}.npy", c.row)), &[set.row(c).len() as u64], set.row(c));
         }
     }
 
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<(usize, Outcome)>> = Mutex::new(Vec::with_capacity(cases.len()));
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(c) = cases.get(i) else { break };
-                let row_path = dir.join(format!("row-{}.npy", c.row));
-                let out_path = dir.join(format!("out-{}.npy", c.id));
-                let outcome = run_case(&set, c, &row_path, &out_path);
-                results.lock().unwrap().push((i, outcome));
-            });
-        }
-    });
-    let _ = std::fs::remove_dir_all(&dir);
+    let results: Vec<(usize, Outcome)> = par_map(&cases, |c| {
+        let row_path = dir.path(&format!("row-{}.npy", c.row));
+        let out_path = dir.path(&format!("out-{}.npy", c.id));
+        run_case(&set, c, &row_path, &out_path)
+    })
+    .into_iter()
+    .enumerate()
+    .collect();
+    drop(dir);
 
-    let mut results = results.into_inner().unwrap();
-    results.sort_by_key(|r| r.0);
     let mut per_group: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     let mut failures = Vec::new();
     let mut degenerate_errors = 0;

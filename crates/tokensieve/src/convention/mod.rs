@@ -6,11 +6,16 @@
 //!
 //! * [`Convention::LlamaCpp`]: llama.cpp's `src/llama-sampler.cpp` at commit 0c1e570, checked
 //!   bit for bit against its own outputs (`../shared/golden/llama.cpp`).
+//! * [`Convention::Transformers`]: Hugging Face transformers 5.23.0's logits processors with
+//!   torch 2.15 on CPU, checked against the processors' own outputs
+//!   (`../shared/golden/transformers`): identical masks and bits on every case that is not
+//!   within rounding noise of a threshold.
 //!
-//! The Hugging Face transformers convention and the exact fixed-point pipeline are separate
-//! work items and are not available yet.
+//! The same stage name can mean different arithmetic (see the README's convention table);
+//! [`crate::sampler::BuildContext::convention`] decides which one a spec string builds.
 
 pub mod llama_cpp;
+pub mod transformers;
 
 use crate::error::{Error, Result};
 
@@ -20,6 +25,8 @@ pub enum Convention {
     /// llama.cpp (`../shared/reference/llama-cpp.md`).
     #[default]
     LlamaCpp,
+    /// Hugging Face transformers' logits processors (`../shared/reference/transformers.md`).
+    Transformers,
 }
 
 impl std::str::FromStr for Convention {
@@ -27,10 +34,8 @@ impl std::str::FromStr for Convention {
     fn from_str(s: &str) -> Result<Self> {
         match s {
             "llama.cpp" | "llama-cpp" | "llama_cpp" => Ok(Convention::LlamaCpp),
-            "transformers" => {
-                Err(Error::invalid("convention `transformers` is not implemented yet; only `llama.cpp` is available"))
-            }
-            _ => Err(Error::invalid(format!("unknown convention `{s}` (expected `llama.cpp`)"))),
+            "transformers" | "hf" => Ok(Convention::Transformers),
+            _ => Err(Error::invalid(format!("unknown convention `{s}` (expected `llama.cpp` or `transformers`)"))),
         }
     }
 }
@@ -39,6 +44,7 @@ impl std::fmt::Display for Convention {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Convention::LlamaCpp => f.write_str("llama.cpp"),
+            Convention::Transformers => f.write_str("transformers"),
         }
     }
 }

@@ -8,6 +8,9 @@
 //! * Request bodies: [`SamplingParams::from_json`] reads a llama.cpp server `/completion` body
 //!   ([`llama_server`]), an OpenAI chat/completions body ([`openai`]) or any mix of the two, as
 //!   llama.cpp's server does.
+//! * [`GenerationConfig`]: a Hugging Face `generation_config.json` (or the same fields as a
+//!   request body) and the processor list transformers' `generate()` builds from it, under the
+//!   transformers convention ([`generation_config`]).
 //!
 //! ```
 //! use tokensieve::{params::SamplingParams, RngConfig};
@@ -25,11 +28,15 @@
 //! # Ok::<(), tokensieve::Error>(())
 //! ```
 
+pub mod generation_config;
 pub mod llama_server;
 pub mod openai;
 pub mod spec;
 
+pub use generation_config::GenerationConfig;
+
 use crate::chain::Chain;
+use crate::convention::Convention;
 use crate::error::{Error, Result};
 use crate::logprobs::LogprobsMode;
 use crate::rng::RngConfig;
@@ -545,7 +552,8 @@ impl SamplingParams {
             return Err(Error::field("min_keep", format!("must be >= 0, got {}", self.min_keep)));
         }
         let rng = RngConfig { seed: self.seed.unwrap_or(ctx.rng.seed), ..ctx.rng };
-        Chain::from_spec(&self.chain_spec()?, &BuildContext { rng, ..*ctx })
+        // The spec is llama.cpp's, whatever convention `ctx` was made for.
+        Chain::from_spec(&self.chain_spec()?, &BuildContext { rng, convention: Convention::LlamaCpp, ..*ctx })
     }
 
     /// [`SamplingParams::build_chain`] for `n_vocab` tokens, drawing with `rng`, no

@@ -145,6 +145,12 @@ impl StageSpec {
     /// Binds the arguments to `params` (the sampler's parameter names in positional order).
     /// Too many positional arguments, an unknown key, or a parameter given twice is an error.
     pub fn bind(&self, params: &[&'static str]) -> Result<Bound<'_>> {
+        self.bind_with_aliases(params, &[])
+    }
+
+    /// As [`StageSpec::bind`], also accepting `alias=value` for the parameters named in
+    /// `aliases` (`(alias, parameter)` pairs).
+    pub fn bind_with_aliases(&self, params: &[&'static str], aliases: &[(&str, &'static str)]) -> Result<Bound<'_>> {
         let mut values: Vec<(&'static str, Option<&Arg>)> = params.iter().map(|p| (*p, None)).collect();
         let mut positional = 0;
         let mut seen_named = false;
@@ -173,7 +179,8 @@ impl StageSpec {
                 }
                 Some(key) => {
                     seen_named = true;
-                    params.iter().position(|p| p == key).ok_or_else(|| {
+                    let canonical = aliases.iter().find(|(alias, _)| alias == key).map_or(key.as_str(), |(_, p)| *p);
+                    params.iter().position(|p| *p == canonical).ok_or_else(|| {
                         Error::spec(
                             arg.position,
                             format!("{}: unknown parameter `{key}` (parameters: {})", self.name, params.join(", ")),
@@ -209,7 +216,8 @@ impl<'a> Bound<'a> {
             .ok_or_else(|| Error::spec(self.stage.position, format!("{}: missing parameter `{name}`", self.stage.name)))
     }
 
-    fn bad(&self, arg: &Arg, name: &str, what: &str) -> Error {
+    /// A spec error at `arg`: parameter `name` must be `what`.
+    pub fn bad(&self, arg: &Arg, name: &str, what: &str) -> Error {
         Error::spec(arg.position, format!("{}: parameter `{name}` must be {what}, got `{}`", self.stage.name, arg.text))
     }
 
@@ -225,6 +233,48 @@ impl<'a> Bound<'a> {
             Ok(v) if !v.is_nan() => Ok(v),
             _ => Err(self.bad(arg, name, "a number")),
         }
+    }
+
+    /// An f64 parameter (a Python float: `inf`/`-inf` allowed, NaN rejected); `default` when
+    /// absent (`None` = required). The transformers convention keeps parameters as the double
+    /// the user wrote and rounds them to f32 where torch does.
+    pub fn f64(&self, name: &str, default: Option<f64>) -> Result<f64> {
+        let arg = match (self.arg(name), default) {
+            (Some(a), _) => a,
+            (None, Some(d)) => return Ok(d),
+            (None, None) => self.required(name)?,
+        };
+        match arg.text.parse::<f64>() {
+            Ok(v) if !v.is_nan() => Ok(v),
+            _ => Err(self.bad(arg, name, "a number")),
+        }
+    }
+
+    /// An integer parameter (i64); `default` when absent (`None` = required).
+    pub fn i64(&self, name: &str, default: Option<i64>) -> Result<i64> {
+        let arg = match (self.arg(name), default) {
+            (Some(a), _) => a,
+            (None, Some(d)) => return Ok(d),
+            (None, None) => self.required(name)?,
+        };
+        arg.text.parse::<i64>().map_err(|_| self.bad(arg, name, "an integer"))
+    }
+
+    /// A list of integers (token ids): space-separated (`3 17 42`) or a JSON array
+    /// (`[3,17,42]`); `None` when the parameter is absent.
+    pub fn ids(&self, name: &str) -> Result<Option<Vec<i64>>> {
+        let Some(arg) = self.arg(name) else { return Ok(None) };
+        let text = arg.text.trim();
+        let inner = match text.strip_prefix('[') {
+            Some(rest) => rest.strip_suffix(']').ok_or_else(|| self.bad(arg, name, "a list of token ids"))?,
+            None => text,
+        };
+        inner
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<i64>().map_err(|_| self.bad(arg, name, "a list of integer token ids")))
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
     }
 
     /// An integer parameter (i32); `default` when absent (`None` = required).
@@ -297,6 +347,24 @@ mod tests {
             let msg = err.unwrap_err().to_string();
             assert!(msg.contains(needle), "{spec}: {msg}");
         }
+    }
+
+    #[test]
+    fn aliases_doubles_and_id_lists() {
+        let s = parse("top_p(top_p=0.95, min_tokens_to_keep=2);min_length(5,eos=1 2);x(ids=[3, 4,5])").unwrap();
+        let b = s[0].bind_with_aliases(&["p", "min_tokens_to_keep"], &[("top_p", "p")]).unwrap();
+        // Kept as the double written, not parsed as f32.
+        assert_eq!(b.f64("p", None).unwrap(), 0.95f64);
+        assert_eq!(b.i64("min_tokens_to_keep", Some(1)).unwrap(), 2);
+        let b = s[1].bind(&["min_length", "eos"]).unwrap();
+        assert_eq!(b.ids("eos").unwrap(), Some(vec![1, 2]));
+        let b = s[2].bind(&["ids"]).unwrap();
+        assert_eq!(b.ids("ids").unwrap(), Some(vec![3, 4, 5]));
+        assert_eq!(b.ids("nope").unwrap(), None);
+        let e = s[0].bind_with_aliases(&["p", "min_tokens_to_keep"], &[]).unwrap_err().to_string();
+        assert!(e.contains("unknown parameter `top_p`"), "{e}");
+        let s = parse("x(a=1,b=[1,x])").unwrap();
+        assert!(s[0].bind(&["a", "b"]).unwrap().ids("b").unwrap_err().to_string().contains("token ids"));
     }
 
     #[test]

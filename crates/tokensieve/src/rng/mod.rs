@@ -16,7 +16,8 @@
 //! single candidate is left (newest llama.cpp); `xtc` one f32 (one MT word) unless disabled or
 //! fewer than two candidates; `mirostat`/`mirostat_v2` one f64 via `discrete_distribution`,
 //! none when a single candidate is left; `gumbel` no sequential draws: one counter-based
-//! noise value per token id.
+//! noise value per token id; the transformers convention's `dist` one f64 (torch's own
+//! generator is not reproduced).
 
 pub mod mt19937;
 pub mod philox;
@@ -82,6 +83,7 @@ pub(crate) enum Stream {
     Mirostat = 3,
     MirostatV2 = 4,
     Gumbel = 5,
+    TransformersDist = 6,
 }
 
 /// The random state of one drawing stage.

@@ -1,0 +1,112 @@
+//! Hugging Face transformers' logits processors (5.23.0, torch 2.15 on CPU), one per file.
+//!
+//! Built from a spec string under [`Convention::Transformers`](crate::Convention::Transformers)
+//! (`--convention transformers`), or from a `generation_config.json` with
+//! [`GenerationConfig`](crate::params::GenerationConfig). Semantics:
+//! `../shared/reference/transformers.md`; the shared arithmetic (f32 scalars, f64 cumsum,
+//! softmax, torch's sort and topk tie order) is in [`crate::convention::transformers`].
+//!
+//! What every processor here has in common, because HF processors work on the dense
+//! `(batch, vocab)` score tensor:
+//!
+//! * The candidate array stays in vocabulary order, one entry per token (`id == index`);
+//!   nothing is dropped or reordered, a removed token is set to `-inf`. (An array reordered by
+//!   a stage of another convention is scattered back first.)
+//! * Parameters are kept as the f64 the user wrote (a Python float) and rounded to f32 where
+//!   torch does.
+//! * The stateful processors (`repetition_penalty`, `no_repeat_ngram`, `sequence_bias`,
+//!   `min_length`, `min_new_tokens`, `begin_suppress_tokens`) see HF's `input_ids` as the tokens
+//!   passed to `accept` since the chain was built or reset: history (the prompt) first, then each
+//!   sampled token. "Current length" is the number of accepted tokens; the prompt length, where
+//!   one is needed, is the number accepted before the first step.
+//! * `p` fields are written where a processor computes a softmax (they hold that softmax) and
+//!   are otherwise stale; [`dist::Dist`] writes the final distribution.
+//! * Parameter errors are the ones transformers raises, as [`Error::parameter`] naming the
+//!   parameter. Where tokensieve is stricter or more lenient, each file says so.
+
+pub mod begin_suppress_tokens;
+pub mod dist;
+pub mod epsilon;
+pub mod eta;
+pub mod greedy;
+pub mod min_length;
+pub mod min_p;
+pub mod no_repeat_ngram;
+pub mod repetition_penalty;
+pub mod sequence_bias;
+pub mod suppress_tokens;
+pub mod temperature;
+pub mod top_k;
+pub mod top_p;
+pub mod typical;
+
+use crate::error::{Error, Result};
+
+/// `min_tokens_to_keep` as top-p, min-p and typical check it: an integer `>= 1`.
+pub(crate) fn require_min_tokens_to_keep(stage: &str, v: i64) -> Result<usize> {
+    if v < 1 {
+        return Err(Error::parameter(
+            stage,
+            "min_tokens_to_keep",
+            format!("has to be a strictly positive integer, but is {v}"),
+        ));
+    }
+    Ok(usize::try_from(v).unwrap_or(usize::MAX))
+}
+
+/// The token ids of a list that can name a token of some vocabulary: HF builds masks with
+/// `isin(arange(V), ids)`, so negative ids (and ids `>= V`, checked at apply time) never match.
+pub(crate) fn matchable_ids(ids: &[i64]) -> Vec<u32> {
+    ids.iter().filter_map(|&id| u32::try_from(id).ok()).collect()
+}
+
+/// Sets every listed id below the vocabulary size to `-inf`.
+pub(crate) fn mask_ids(c: &mut crate::Candidates, ids: &[u32]) {
+    let data = c.as_mut_slice();
+    for &id in ids {
+        if let Some(t) = data.get_mut(id as usize) {
+            t.logit = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// Fixtures shared by the processors' unit tests.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use crate::candidates::Candidates;
+    use crate::convention::Convention;
+    use crate::rng::RngConfig;
+    use crate::sampler::BuildContext;
+    use crate::Chain;
+
+    /// The dense output of `spec` (transformers convention) on `row` after `history`.
+    pub(crate) fn run(spec: &str, row: &[f32], history: &[u32]) -> Vec<f32> {
+        let ctx = BuildContext::new(row.len(), RngConfig::philox(0)).with_convention(Convention::Transformers);
+        let mut chain = Chain::from_spec_for_apply(spec, &ctx).unwrap();
+        for &t in history {
+            chain.accept(t);
+        }
+        let mut out = vec![0.0; row.len()];
+        chain.apply(row).unwrap().write_dense(&mut out);
+        out
+    }
+
+    /// The error message of building `spec` under the transformers convention.
+    pub(crate) fn build_error(spec: &str) -> String {
+        let ctx = BuildContext::new(8, RngConfig::philox(0)).with_convention(Convention::Transformers);
+        Chain::from_spec_for_apply(spec, &ctx).unwrap_err().to_string()
+    }
+
+    /// Candidates from a row (vocabulary order).
+    pub(crate) fn cands(row: &[f32]) -> Candidates {
+        Candidates::from_logits(row).unwrap()
+    }
+
+    /// The logits of the candidates, in array order.
+    pub(crate) fn logits(c: &Candidates) -> Vec<f32> {
+        c.as_slice().iter().map(|t| t.logit).collect()
+    }
+
+    /// `-inf`.
+    pub(crate) const NEG: f32 = f32::NEG_INFINITY;
+}
