@@ -80,6 +80,22 @@ impl Candidates {
         Ok(())
     }
 
+    /// Empties the set for a new row of `vocab_size` tokens (unsorted, nothing selected,
+    /// nothing dropped), keeping the buffer; the caller pushes the candidates.
+    pub(crate) fn begin(&mut self, vocab_size: usize) {
+        self.data.clear();
+        self.selected = None;
+        self.sorted = false;
+        self.dropped_front = 0;
+        self.vocab_size = vocab_size;
+    }
+
+    /// [`Candidates::fill`] from an f32 row the caller has already validated.
+    pub(crate) fn fill_validated(&mut self, row: &[f32]) {
+        self.begin(row.len());
+        self.data.extend(row.iter().enumerate().map(|(i, &v)| TokenData { id: i as u32, logit: v, p: 0.0 }));
+    }
+
     /// The candidates in array order.
     pub fn as_slice(&self) -> &[TokenData] {
         &self.data

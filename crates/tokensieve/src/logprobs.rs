@@ -2,15 +2,22 @@
 //!
 //! * [`LogprobsMode::Raw`]: log-softmax of the **input row** over the full vocabulary (no
 //!   penalty, bias, temperature or truncation), as llama.cpp's server reports by default and
-//!   vLLM's `raw_logprobs`. The top N are found by partial selection (a bounded insertion
-//!   buffer, one pass), never by sorting the vocabulary.
+//!   vLLM's `raw_logprobs`. The top N are found by partial selection, never by sorting the
+//!   vocabulary: a bounded insertion buffer fed only from the blocks of the row whose maximum
+//!   reaches the current N-th best (block maxima from one SIMD pass).
 //! * [`LogprobsMode::Processed`]: log-softmax over the candidates the chain left (finite
 //!   logits only), i.e. the distribution the final stage drew from (llama.cpp's
 //!   `post_sampling_probs`, vLLM's `processed_logprobs`).
 //!
-//! Sums are in f64. Ties in the top N are broken by the lower token id. A token outside the
+//! Raw mode's normaliser is llama.cpp's own softmax sum, `Σ expf(logit - max)` in f32 in
+//! vocabulary order (bit for bit, computed without exponentiating the entries that cannot
+//! change it, see [`crate::arch::exp_sum_sequential`]): the
+//! probabilities llama.cpp's server derives from the raw logits, and within about `1e-6`
+//! relative of the exact sum. `logprob = logit - max - ln(sum)` in f64. Processed mode sums
+//! f64 exponentials. Ties in the top N are broken by the lower token id. A token outside the
 //! processed set has logprob `-inf`.
 
+use crate::arch::{self, BLOCK};
 use crate::candidates::Candidates;
 use crate::logits::Logits;
 
@@ -77,17 +84,67 @@ fn prepare(out: &mut Vec<TokenLogprob>, n: usize) {
 
 /// Raw mode: returns the logprob of `token` and fills `out` with the top `n`.
 pub fn raw(row: Logits<'_>, token: u32, n: usize, out: &mut Vec<TokenLogprob>) -> f32 {
+    if let Logits::F32(r) = row {
+        return raw_f32(r, token, n, out);
+    }
     let mut max = f32::NEG_INFINITY;
     row.for_each(|_, v| max = max.max(v));
-    let mut sum = 0.0f64;
+    let mut sum = 0.0f32;
     prepare(out, n);
     row.for_each(|i, v| {
-        sum += ((v - max) as f64).exp();
+        sum += (v - max).exp();
         push_top(out, n, v, i as u32);
     });
-    let lse = max as f64 + sum.ln();
+    let lse = max as f64 + (sum as f64).ln();
     finish(out, lse);
     (row.get(token as usize) as f64 - lse) as f32
+}
+
+/// [`raw`] on an f32 row: one pass for the block maxima (and the top `n` from the blocks that
+/// can hold one), then the sum, which skips the blocks and entries that cannot change it (the
+/// maxima of a chunk are recomputed for that when the row has more than one chunk). The same
+/// values as the generic loop.
+fn raw_f32(r: &[f32], token: u32, n: usize, out: &mut Vec<TokenLogprob>) -> f32 {
+    const CHUNK_BLOCKS: usize = 4096;
+    prepare(out, n);
+    let mut max = f32::NEG_INFINITY;
+    let mut maxima = [0.0f32; CHUNK_BLOCKS];
+    for (c, chunk) in r.chunks(CHUNK_BLOCKS * BLOCK).enumerate() {
+        let maxima = &mut maxima[..chunk.len().div_ceil(BLOCK)];
+        max = max.max(arch::block_max_into(chunk, maxima));
+        if n == 0 {
+            continue;
+        }
+        for (b, &bm) in maxima.iter().enumerate() {
+            if top_len_below(out, n) || bm >= out[n - 1].logprob {
+                let start = b * BLOCK;
+                let base = c * CHUNK_BLOCKS * BLOCK + start;
+                // Later ids lose ties, so nothing below the current n-th best can enter.
+                let floor = if top_len_below(out, n) { f32::NEG_INFINITY } else { out[n - 1].logprob };
+                for (i, &v) in chunk[start..(start + BLOCK).min(chunk.len())].iter().enumerate() {
+                    if v >= floor {
+                        push_top(out, n, v, (base + i) as u32);
+                    }
+                }
+            }
+        }
+    }
+    let mut sum = 0.0f32;
+    let single = r.len() <= CHUNK_BLOCKS * BLOCK;
+    for chunk in r.chunks(CHUNK_BLOCKS * BLOCK) {
+        let maxima = &mut maxima[..chunk.len().div_ceil(BLOCK)];
+        if !single {
+            arch::block_max_into(chunk, maxima);
+        }
+        sum = arch::exp_sum_sequential(sum, chunk, max, maxima);
+    }
+    let lse = max as f64 + (sum as f64).ln();
+    finish(out, lse);
+    (r[token as usize] as f64 - lse) as f32
+}
+
+fn top_len_below(top: &[TokenLogprob], n: usize) -> bool {
+    top.len() < n
 }
 
 /// Processed mode: over the finite candidates left in `c`.

@@ -8,6 +8,8 @@
 use crate::candidates::{Candidates, TokenData};
 use crate::stdsort;
 
+pub mod dense;
+
 /// llama.cpp's comparator: `a.logit > b.logit`.
 #[inline]
 pub fn desc(a: &TokenData, b: &TokenData) -> bool {

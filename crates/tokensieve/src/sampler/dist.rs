@@ -38,22 +38,23 @@ impl Dist {
     pub fn new(rng: RngConfig) -> Result<Self> {
         Ok(Dist { rng: StageRng::new(rng, Stream::Dist)? })
     }
-}
 
-impl Sampler for Dist {
-    fn name(&self) -> &'static str {
-        "dist"
+    /// The uniform draw `apply` makes (the dense fast path in
+    /// [`convention::llama_cpp::dense`](crate::convention::llama_cpp::dense) draws before it
+    /// knows whether it can finish without the candidate array).
+    pub(crate) fn draw(&mut self) -> f64 {
+        self.rng.uniform_f64()
     }
 
-    fn apply(&mut self, c: &mut Candidates) -> Result<()> {
-        require_finite_candidate("dist", c)?;
+    /// `apply` with the draw `u` already made: normalises `p` and selects. The candidates must
+    /// hold a finite logit.
+    pub(crate) fn select(c: &mut Candidates, u: f64) {
         let sorted = c.is_sorted();
         let data = c.as_mut_slice();
         if data.len() == 1 {
             data[0].p = 1.0;
-            let _ = self.rng.uniform_f64();
             c.set_selected(Some(0));
-            return Ok(());
+            return;
         }
         let mut max_l = data[0].logit;
         if !sorted {
@@ -67,7 +68,7 @@ impl Sampler for Dist {
             t.p = p;
             sum += p as f64;
         }
-        let target = sum * self.rng.uniform_f64();
+        let target = sum * u;
         let mut running = 0.0f64;
         let mut selected = None;
         for (i, t) in data.iter_mut().enumerate() {
@@ -81,6 +82,18 @@ impl Sampler for Dist {
         }
         let last = data.len() - 1;
         c.set_selected(Some(selected.unwrap_or(last)));
+    }
+}
+
+impl Sampler for Dist {
+    fn name(&self) -> &'static str {
+        "dist"
+    }
+
+    fn apply(&mut self, c: &mut Candidates) -> Result<()> {
+        require_finite_candidate("dist", c)?;
+        let u = self.draw();
+        Dist::select(c, u);
         Ok(())
     }
 

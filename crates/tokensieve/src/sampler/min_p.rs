@@ -55,6 +55,11 @@ impl MinP {
         }
         Ok(MinP { p, min_keep })
     }
+
+    /// The parameters `(p, min_keep)`.
+    pub(crate) fn params(&self) -> (f32, usize) {
+        (self.p, self.min_keep)
+    }
 }
 
 impl Sampler for MinP {

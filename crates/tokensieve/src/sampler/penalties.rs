@@ -111,13 +111,24 @@ impl Penalties {
 
     #[inline]
     fn penalise(&self, t: &mut TokenData, count: u32) {
-        if t.logit <= 0.0 {
-            t.logit *= self.repeat;
+        t.logit = self.penalised(t.logit, count);
+    }
+
+    /// The logit of a token seen `count > 0` times in the window, after the penalties.
+    #[inline]
+    pub(crate) fn penalised(&self, mut logit: f32, count: u32) -> f32 {
+        if logit <= 0.0 {
+            logit *= self.repeat;
         } else {
-            t.logit /= self.repeat;
+            logit /= self.repeat;
         }
         // llama.cpp: `float(count) * freq + float(count > 0) * present`, count > 0 here.
-        t.logit -= count as f32 * self.freq + self.present;
+        logit - (count as f32 * self.freq + self.present)
+    }
+
+    /// The tokens in the window with their counts, in no particular order (each token once).
+    pub(crate) fn counts(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.counts.iter().map(|(&t, &c)| (t, c))
     }
 }
 

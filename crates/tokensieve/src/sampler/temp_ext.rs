@@ -63,6 +63,11 @@ impl TempExt {
         }
         Ok(TempExt { t, delta, exponent })
     }
+
+    /// `Some(t)` when the stage is plain `temperature(t)` (`delta <= 0`).
+    pub(crate) fn plain_temperature(&self) -> Option<f32> {
+        (self.delta <= 0.0).then_some(self.t)
+    }
 }
 
 impl Sampler for TempExt {

@@ -30,6 +30,11 @@ impl Temperature {
     pub fn new(t: f32) -> Result<Self> {
         Ok(Temperature { t: require_finite("temperature", "t", t)? })
     }
+
+    /// The temperature.
+    pub(crate) fn t(&self) -> f32 {
+        self.t
+    }
 }
 
 impl Sampler for Temperature {

@@ -30,6 +30,11 @@ impl TopK {
     pub fn new(k: i32) -> Self {
         TopK { k }
     }
+
+    /// The `k` parameter (`<= 0` = off).
+    pub(crate) fn k(&self) -> i32 {
+        self.k
+    }
 }
 
 impl Sampler for TopK {

@@ -60,6 +60,11 @@ impl TopP {
         }
         Ok(TopP { p, min_keep })
     }
+
+    /// The parameters `(p, min_keep)`.
+    pub(crate) fn params(&self) -> (f32, usize) {
+        (self.p, self.min_keep)
+    }
 }
 
 /// Index one past the last kept candidate: the first prefix of `data` whose f32 running sum

@@ -1,0 +1,56 @@
+//! `tokensieve bench` arguments.
+
+use clap::{Args, ValueEnum};
+
+/// `tokensieve bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Vocabulary size(s) to measure at, comma-separated (e.g. 32000,128256,151936,262144).
+    /// With --rows real the embedded row (V = 49152) is used as is, or tiled with each copy
+    /// shifted 2.0 lower to reach another size.
+    #[arg(long, value_name = "V", value_delimiter = ',', default_value = "128256",
+          value_parser = clap::value_parser!(u64).range(1..=16_777_216))]
+    pub vocab: Vec<u64>,
+
+    /// Rows sampled per iteration (B > 1: `batch::sample` on B rows, one chain per row).
+    #[arg(long, value_name = "B", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub batch: u64,
+
+    /// Worker threads for batch mode (a rayon pool of this size).
+    #[arg(long, value_name = "T", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub threads: u64,
+
+    /// A chain to measure (repeatable). Default: the workload table (llama.cpp's default
+    /// chain, the same after penalties, top_p without top_k, temperature;dist, min_p, greedy)
+    /// and `logprobs(20)`, the raw logprobs of the row's top 20 alone.
+    #[arg(long, value_name = "SPEC")]
+    pub chain: Vec<String>,
+
+    /// The rows: peaked (language-model-like, entropy 1.5 nats), flat (nearly uniform), wide
+    /// (N(0, 30²): most values outside llama.cpp's [-10, 10] bucket range), real (SmolLM2-135M's
+    /// logits after "The capital of France is").
+    #[arg(long, value_enum, default_value_t = RowsArg::Peaked)]
+    pub rows: RowsArg,
+
+    /// Measuring time per chain and vocabulary size, in seconds (after a short warm-up).
+    #[arg(long, value_name = "S", default_value_t = 0.5)]
+    pub seconds: f64,
+
+    /// One JSON object per line: chain, vocab, batch, threads, median_us, p90_us, floor_us,
+    /// ratio (and tokens_per_s, path, isa).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--rows`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RowsArg {
+    /// Language-model-like rows.
+    Peaked,
+    /// Nearly uniform rows.
+    Flat,
+    /// Values far outside [-10, 10].
+    Wide,
+    /// The embedded SmolLM2-135M row.
+    Real,
+}

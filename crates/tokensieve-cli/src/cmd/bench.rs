@@ -1,0 +1,320 @@
+//! `tokensieve bench`: microseconds per token for each chain, beside the floor.
+//!
+//! The floor is the median time of one SIMD max pass ([`tokensieve::arch::max`]) over the same
+//! row, timed interleaved with the chain (one floor pass, one token, repeated), so both see the
+//! same cache and clock state; the ratio is chain median / floor median. Every chain samples
+//! the same row over and over, accepting each token (penalty windows and RNG steps move as in
+//! generation). A chain with `penalties` first gets a 64-token history before timing starts.
+
+use crate::args::InputArgs;
+use crate::args::{BenchArgs, RowsArg};
+use crate::error::{bad, lib};
+use crate::input::{load_logits, Data};
+use anyhow::Result;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::hint::black_box;
+use std::io::Write;
+use std::time::{Duration, Instant};
+use tokensieve::bench_rows::{self, Shape};
+use tokensieve::sampler::BuildContext;
+use tokensieve::{arch, batch, logprobs, Chain, Logits, LogitsBatch, RngConfig, TokenLogprob};
+
+/// The workload table.
+const DEFAULT_CHAINS: &[&str] = &[
+    "top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist",
+    "penalties(64,1.1,0.1,0.1);top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist",
+    "top_p(0.95,1);dist",
+    "temperature(0.8);dist",
+    "min_p(0.05,1);temperature(0.8);dist",
+    "greedy",
+    "logprobs(20)",
+];
+
+/// Warm-up before timing: at least this long and this many iterations.
+const WARM_UP: Duration = Duration::from_millis(60);
+const MIN_SAMPLES: usize = 30;
+
+/// One result line (`--json`).
+#[derive(Serialize)]
+struct Line<'a> {
+    chain: &'a str,
+    vocab: usize,
+    batch: usize,
+    threads: usize,
+    median_us: f64,
+    p90_us: f64,
+    floor_us: f64,
+    ratio: f64,
+    tokens_per_s: f64,
+    path: String,
+    isa: String,
+}
+
+/// What is timed for one spec.
+enum Workload {
+    Chain(String),
+    /// Raw logprobs of the row's top `n` (`logprobs(N)`).
+    Logprobs(usize),
+}
+
+fn workload(spec: &str) -> Result<Workload> {
+    let spec = spec.trim();
+    if let Some(n) = spec.strip_prefix("logprobs(").and_then(|r| r.strip_suffix(')')) {
+        let n = n.trim().parse().map_err(|_| bad(format!("--chain `{spec}`: logprobs(N) needs an integer N")))?;
+        return Ok(Workload::Logprobs(n));
+    }
+    Ok(Workload::Chain(spec.to_string()))
+}
+
+/// Runs `bench`.
+pub fn run(args: &BenchArgs) -> Result<()> {
+    if !(args.seconds.is_finite() && args.seconds > 0.0 && args.seconds <= 3600.0) {
+        return Err(bad(format!("--seconds must be in (0, 3600], got {}", args.seconds)));
+    }
+    let specs: Vec<String> =
+        if args.chain.is_empty() { DEFAULT_CHAINS.iter().map(|s| s.to_string()).collect() } else { args.chain.clone() };
+    let workloads: Vec<Workload> = specs.iter().map(|s| workload(s)).collect::<Result<_>>()?;
+    for (spec, w) in specs.iter().zip(&workloads) {
+        if let Workload::Chain(c) = w {
+            Chain::from_spec(c, &BuildContext::new(1000, RngConfig::philox(0)))
+                .map_err(|e| lib(format!("--chain `{spec}`"), e))?;
+        }
+    }
+    let (batch, threads) = (args.batch as usize, args.threads as usize);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot start {threads} worker threads: {e}"))?;
+    let real = if args.rows == RowsArg::Real { Some(real_row()?) } else { None };
+
+    let steps = (args.vocab.len() * workloads.len()) as u64;
+    let estimate = steps as f64 * (args.seconds + WARM_UP.as_secs_f64());
+    let progress = if estimate > 1.0 {
+        let bar = ProgressBar::new(steps);
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Some(bar)
+    } else {
+        None
+    };
+
+    let isa = format!("{:?}", arch::isa()).to_lowercase();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    for &v in &args.vocab {
+        let v = v as usize;
+        let rows: Vec<Vec<f32>> = (0..batch).map(|i| make_row(args.rows, real.as_deref(), v, i as u64)).collect();
+        let v = rows[0].len();
+        if !args.json {
+            let note = progress.as_ref().map(|_| "").unwrap_or("");
+            let line = format!(
+                "{note}V = {v}, batch {batch}, {threads} thread(s), rows {:?} (entropy {:.2} nats), isa {isa}, vectorised expf: {}",
+                args.rows,
+                bench_rows::entropy(&rows[0]),
+                if arch::vectorised_exp() { "yes" } else { "no" },
+            )
+            .to_lowercase();
+            print_line(&progress, &mut out, &line)?;
+            print_line(
+                &progress,
+                &mut out,
+                &format!(
+                    "{:<88} {:>10} {:>10} {:>10} {:>7}  path",
+                    "chain", "median µs", "p90 µs", "floor µs", "ratio"
+                ),
+            )?;
+        }
+        for (spec, w) in specs.iter().zip(&workloads) {
+            if let Some(bar) = &progress {
+                bar.set_message(format!("V={v} {spec}"));
+            }
+            let m = match w {
+                Workload::Chain(c) => measure_chain(c, &rows, &pool, args.seconds)?,
+                Workload::Logprobs(n) => measure_logprobs(*n, &rows, &pool, args.seconds),
+            };
+            let ratio = m.median_us / m.floor_us;
+            let line = Line {
+                chain: spec,
+                vocab: v,
+                batch,
+                threads,
+                median_us: round3(m.median_us),
+                p90_us: round3(m.p90_us),
+                floor_us: round3(m.floor_us),
+                ratio: round3(ratio),
+                tokens_per_s: (1e6 / m.median_us).round(),
+                path: m.path,
+                isa: isa.clone(),
+            };
+            let text = if args.json {
+                serde_json::to_string(&line)?
+            } else {
+                format!(
+                    "{:<88} {:>10.1} {:>10.1} {:>10.1} {:>6.2}x  {}",
+                    spec, line.median_us, line.p90_us, line.floor_us, line.ratio, line.path
+                )
+            };
+            print_line(&progress, &mut out, &text)?;
+            if let Some(bar) = &progress {
+                bar.inc(1);
+            }
+        }
+    }
+    if let Some(bar) = progress {
+        bar.finish_and_clear();
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Prints a result line without tearing the progress bar.
+fn print_line(progress: &Option<ProgressBar>, out: &mut impl Write, line: &str) -> Result<()> {
+    match progress {
+        Some(bar) => bar.suspend(|| writeln!(out, "{line}").and_then(|_| out.flush()))?,
+        None => writeln!(out, "{line}")?,
+    }
+    Ok(())
+}
+
+/// The embedded example row.
+fn real_row() -> Result<Vec<f32>> {
+    let input = load_logits(&InputArgs { logits: None, example: true, dtype: None })?;
+    match input.data {
+        Data::F32(d) => Ok(d),
+        Data::F16(d) => Ok(d.iter().map(|x| x.to_f32()).collect()),
+        Data::Bf16(d) => Ok(d.iter().map(|x| x.to_f32()).collect()),
+    }
+}
+
+/// Row `i` of a batch of `v`-token rows.
+fn make_row(rows: RowsArg, real: Option<&[f32]>, v: usize, i: u64) -> Vec<f32> {
+    let seed = 0x5eed + i;
+    match (rows, real) {
+        (RowsArg::Real, Some(real)) => {
+            // The real row as is, or tiled with each further copy 2.0 lower (no exact ties
+            // between copies, the top stays the model's); batch rows rotate it.
+            let n = real.len();
+            let rot = (i as usize * 7919) % n;
+            (0..v).map(|j| real[(j + rot) % n] - 2.0 * (j / n) as f32).collect()
+        }
+        (RowsArg::Flat, _) => bench_rows::row(Shape::Flat, v, seed),
+        (RowsArg::Wide, _) => bench_rows::row(Shape::Wide, v, seed),
+        _ => bench_rows::row(Shape::Peaked, v, seed),
+    }
+}
+
+struct Measured {
+    median_us: f64,
+    p90_us: f64,
+    floor_us: f64,
+    path: String,
+}
+
+fn summarise(mut chain_us: Vec<f64>, mut floor_us: Vec<f64>, path: String) -> Measured {
+    let pick = |v: &mut Vec<f64>, q: f64| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[((v.len() - 1) as f64 * q).round() as usize]
+    };
+    Measured {
+        median_us: pick(&mut chain_us, 0.5),
+        p90_us: pick(&mut chain_us, 0.9),
+        floor_us: pick(&mut floor_us, 0.5),
+        path,
+    }
+}
+
+/// Times `step` (returning the tokens it produced) interleaved with the floor pass.
+fn time_loop(seconds: f64, rows: &[Vec<f32>], mut step: impl FnMut() -> Result<()>) -> Result<(Vec<f64>, Vec<f64>)> {
+    let per_token = rows.len() as f64;
+    let floor = || {
+        let t = Instant::now();
+        for r in rows {
+            black_box(arch::max(black_box(r)));
+        }
+        t.elapsed().as_secs_f64() * 1e6 / per_token
+    };
+    let start = Instant::now();
+    let mut n = 0;
+    while start.elapsed() < WARM_UP || n < 5 {
+        floor();
+        step()?;
+        n += 1;
+    }
+    let (mut chain_us, mut floor_us) = (Vec::new(), Vec::new());
+    let start = Instant::now();
+    while (start.elapsed().as_secs_f64() < seconds || chain_us.len() < MIN_SAMPLES) && chain_us.len() < 2_000_000 {
+        floor_us.push(floor());
+        let t = Instant::now();
+        step()?;
+        chain_us.push(t.elapsed().as_secs_f64() * 1e6 / per_token);
+    }
+    Ok((chain_us, floor_us))
+}
+
+fn path_name(p: tokensieve::convention::llama_cpp::dense::Path) -> String {
+    use tokensieve::convention::llama_cpp::dense::Path;
+    match p {
+        Path::Array => "array".into(),
+        Path::Fast(s) => format!("fast:{s}"),
+        Path::Fallback(s) => format!("fallback:{s}"),
+    }
+}
+
+fn measure_chain(spec: &str, rows: &[Vec<f32>], pool: &rayon::ThreadPool, seconds: f64) -> Result<Measured> {
+    let v = rows[0].len();
+    let mut chains: Vec<Chain> = (0..rows.len())
+        .map(|i| Chain::from_spec(spec, &BuildContext::new(v, RngConfig::philox(42).with_sequence(i as u32))))
+        .collect::<tokensieve::Result<_>>()
+        .map_err(|e| lib(format!("--chain `{spec}`"), e))?;
+    // A full penalty window: 64 tokens spread over the vocabulary.
+    for chain in &mut chains {
+        for j in 0..64u64 {
+            chain.accept(((j * 7919 + 13) % v as u64) as u32);
+        }
+    }
+    let (chain_us, floor_us) = if rows.len() == 1 {
+        let (chain, row) = (&mut chains[0], &rows[0]);
+        time_loop(seconds, rows, || {
+            black_box(chain.sample(row.as_slice()).map_err(|e| lib(format!("--chain `{spec}`"), e))?);
+            Ok(())
+        })?
+    } else {
+        let flat: Vec<f32> = rows.concat();
+        let batch_view = LogitsBatch::new(Logits::F32(&flat), rows.len(), v).map_err(|e| lib("batch", e))?;
+        let chains = &mut chains;
+        time_loop(seconds, rows, || {
+            let tokens = pool.install(|| batch::sample(chains, &batch_view)).map_err(|e| lib("batch", e))?;
+            for t in tokens {
+                black_box(t.map_err(|e| lib(format!("--chain `{spec}`"), e))?);
+            }
+            Ok(())
+        })?
+    };
+    Ok(summarise(chain_us, floor_us, path_name(chains[0].last_path())))
+}
+
+fn measure_logprobs(n: usize, rows: &[Vec<f32>], pool: &rayon::ThreadPool, seconds: f64) -> Measured {
+    let mut bufs: Vec<Vec<TokenLogprob>> = (0..rows.len()).map(|_| Vec::with_capacity(n + 1)).collect();
+    let (chain_us, floor_us) = time_loop(seconds, rows, || {
+        if rows.len() == 1 {
+            black_box(logprobs::raw(Logits::F32(&rows[0]), 0, n, &mut bufs[0]));
+        } else {
+            use rayon::prelude::*;
+            pool.install(|| {
+                bufs.par_iter_mut().zip(rows.par_iter()).for_each(|(buf, row)| {
+                    black_box(logprobs::raw(Logits::F32(row), 0, n, buf));
+                })
+            });
+        }
+        Ok(())
+    })
+    .unwrap_or_default();
+    summarise(chain_us, floor_us, "-".into())
+}

@@ -1,0 +1,85 @@
+//! `tokensieve bench`: the JSON-lines contract and the errors (timings themselves are not
+//! asserted: no timed assertions in tests).
+
+use serde_json::Value;
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tokensieve");
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).output().expect("runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn json_lines_have_the_contract_keys() {
+    let (code, stdout, stderr) = run(&[
+        "bench",
+        "--vocab",
+        "3000,5000",
+        "--seconds",
+        "0.01",
+        "--json",
+        "--chain",
+        "top_k(40);temperature(0.8);dist",
+        "--chain",
+        "greedy",
+        "--chain",
+        "logprobs(5)",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON object per line")).collect();
+    assert_eq!(lines.len(), 6);
+    for l in &lines {
+        for key in ["chain", "vocab", "batch", "threads", "median_us", "p90_us", "floor_us", "ratio"] {
+            assert!(l.get(key).is_some(), "missing `{key}` in {l}");
+        }
+        assert!(l["median_us"].as_f64().unwrap() > 0.0 && l["floor_us"].as_f64().unwrap() > 0.0);
+        assert!(l["p90_us"].as_f64().unwrap() >= l["median_us"].as_f64().unwrap());
+    }
+    assert_eq!(lines[0]["vocab"], 3000);
+    assert_eq!(lines[3]["vocab"], 5000);
+    assert_eq!(lines[1]["chain"], "greedy");
+    assert_eq!(lines[1]["path"], "fast:greedy");
+}
+
+#[test]
+fn batch_mode_and_every_row_shape_run() {
+    for rows in ["peaked", "flat", "wide", "real"] {
+        let (code, stdout, stderr) = run(&[
+            "bench",
+            "--vocab",
+            "2048",
+            "--batch",
+            "3",
+            "--threads",
+            "2",
+            "--rows",
+            rows,
+            "--seconds",
+            "0.01",
+            "--chain",
+            "top_p(0.95,1);dist",
+        ]);
+        assert_eq!(code, 0, "{rows}: {stderr}");
+        assert!(stdout.contains("top_p(0.95,1);dist"), "{rows}: {stdout}");
+    }
+}
+
+#[test]
+fn bad_chains_and_options_are_one_line_errors() {
+    for args in [
+        &["bench", "--chain", "top_k(", "--seconds", "0.01"][..],
+        &["bench", "--chain", "logprobs(x)"],
+        &["bench", "--seconds", "0"],
+        &["bench", "--vocab", "0"],
+    ] {
+        let (code, stdout, stderr) = run(args);
+        assert_eq!(code, 2, "{args:?}: {stdout} {stderr}");
+        assert!(stderr.starts_with("error:") && stderr.trim().lines().count() == 1, "{args:?}: {stderr}");
+    }
+}

@@ -1,0 +1,525 @@
+//! AVX2 + FMA versions of the kernels in [`super`], same names and contracts.
+//!
+//! Every function is `unsafe` for one reason only: it is compiled with
+//! `#[target_feature(enable = "avx2,fma")]`, so calling it on a CPU without those features is
+//! undefined behaviour. SAFETY (callers): the detection in [`super`] reports `Isa::Avx2` only after
+//! `is_x86_feature_detected!("avx2")` and `("fma")` both returned true, and the dispatchers in
+//! [`super`] call these functions only then. Inside, the only other unsafe operations are
+//! unaligned loads and stores (`loadu`/`storeu`, no alignment requirement) whose bounds each
+//! come from `chunks_exact`, and one `i64gather` whose indices are masked to `0..32`, the
+//! length of the table it reads.
+//!
+//! PERF: safe Rust does not vectorise these loops: the float max/min reductions and the
+//! order-dependent exp sums are not reassociated by LLVM, the per-block maxima need a
+//! horizontal reduction per block, and `expf` is an opaque libm call per element. With AVX2
+//! `max` reads 32 floats per iteration on 4 independent accumulators; `exp_shifted` computes 8
+//! `expf` per iteration in double precision (glibc's algorithm) instead of 8 libm calls.
+
+use super::{Summary, BLOCK};
+use crate::candidates::TokenData;
+use std::arch::x86_64::*;
+
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn hmax(v: __m256) -> f32 {
+    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
+    _mm_cvtss_f32(m)
+}
+
+/// See [`super::max`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn max(row: &[f32]) -> f32 {
+    let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let (mut a0, mut a1, mut a2, mut a3) = (ninf, ninf, ninf, ninf);
+    let chunks = row.chunks_exact(32);
+    let tail = chunks.remainder();
+    for c in chunks {
+        let p = c.as_ptr();
+        // SAFETY: `c` holds 32 floats, so the four 8-float loads at p, p+8, p+16, p+24 are in
+        // bounds; `loadu` has no alignment requirement.
+        a0 = _mm256_max_ps(a0, _mm256_loadu_ps(p));
+        a1 = _mm256_max_ps(a1, _mm256_loadu_ps(p.add(8)));
+        a2 = _mm256_max_ps(a2, _mm256_loadu_ps(p.add(16)));
+        a3 = _mm256_max_ps(a3, _mm256_loadu_ps(p.add(24)));
+    }
+    let m = hmax(_mm256_max_ps(_mm256_max_ps(a0, a1), _mm256_max_ps(a2, a3)));
+    tail.iter().fold(m, |m, &x| if x > m { x } else { m })
+}
+
+/// The max tree and the sum tree of one block of 64 floats at `p`. The sum is NaN when the
+/// block holds a NaN (or `+inf` and `-inf`, or finite values that overflow to both).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn block_max_sum(p: *const f32) -> (__m256, __m256) {
+    // SAFETY (caller): `p` points to 64 readable floats.
+    let x0 = _mm256_loadu_ps(p);
+    let x1 = _mm256_loadu_ps(p.add(8));
+    let x2 = _mm256_loadu_ps(p.add(16));
+    let x3 = _mm256_loadu_ps(p.add(24));
+    let x4 = _mm256_loadu_ps(p.add(32));
+    let x5 = _mm256_loadu_ps(p.add(40));
+    let x6 = _mm256_loadu_ps(p.add(48));
+    let x7 = _mm256_loadu_ps(p.add(56));
+    let m = _mm256_max_ps(
+        _mm256_max_ps(_mm256_max_ps(x0, x1), _mm256_max_ps(x2, x3)),
+        _mm256_max_ps(_mm256_max_ps(x4, x5), _mm256_max_ps(x6, x7)),
+    );
+    let s = _mm256_add_ps(
+        _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3)),
+        _mm256_add_ps(_mm256_add_ps(x4, x5), _mm256_add_ps(x6, x7)),
+    );
+    (m, s)
+}
+
+/// See [`super::summarize`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
+    let n_blocks = row.len().div_ceil(BLOCK);
+    block_max.resize(n_blocks, f32::NEG_INFINITY);
+    let out = &mut block_max[..n_blocks];
+    let mut bad = _mm256_setzero_ps();
+    let mut best = f32::NEG_INFINITY;
+    let mut best_block = 0;
+    let chunks = row.chunks_exact(BLOCK);
+    let tail = chunks.remainder();
+    let mut b = 0;
+    for c in chunks {
+        // SAFETY: `c` holds BLOCK = 64 floats.
+        let (m, s) = block_max_sum(c.as_ptr());
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_UNORD_Q>(s, s));
+        let bm = hmax(m);
+        out[b] = bm;
+        if bm > best {
+            best = bm;
+            best_block = b;
+        }
+        b += 1;
+    }
+    if !tail.is_empty() {
+        // Padding with -inf changes neither the block's maximum nor its NaN test.
+        let mut buf = [f32::NEG_INFINITY; BLOCK];
+        buf[..tail.len()].copy_from_slice(tail);
+        // SAFETY: `buf` holds BLOCK = 64 floats.
+        let (m, s) = block_max_sum(buf.as_ptr());
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_UNORD_Q>(s, s));
+        let bm = hmax(m);
+        out[b] = bm;
+        if bm > best {
+            best = bm;
+            best_block = b;
+        }
+    }
+    let suspect = _mm256_movemask_ps(bad) != 0 || best == f32::INFINITY;
+    Summary { max: best, max_block: best_block, suspect }
+}
+
+/// See [`super::block_max_into`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn block_max_into(row: &[f32], out: &mut [f32]) -> f32 {
+    let mut best = f32::NEG_INFINITY;
+    let chunks = row.chunks_exact(BLOCK);
+    let tail = chunks.remainder();
+    let mut pad = [f32::NEG_INFINITY; BLOCK];
+    pad[..tail.len()].copy_from_slice(tail);
+    let blocks = chunks.map(|c| c.as_ptr()).chain((!tail.is_empty()).then_some(pad.as_ptr()));
+    for (o, p) in out.iter_mut().zip(blocks) {
+        // SAFETY: `p` points to BLOCK = 64 floats (a full chunk, or the -inf padded tail).
+        let (m, _) = block_max_sum(p);
+        *o = hmax(m);
+        if *o > best {
+            best = *o;
+        }
+    }
+    best
+}
+
+/// See [`super::argmax`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn argmax(row: &[f32]) -> Option<usize> {
+    if row.is_empty() {
+        return None;
+    }
+    let mut best = f32::NEG_INFINITY;
+    let mut best_v = _mm256_set1_ps(best);
+    let mut best_block = 0;
+    let chunks = row.chunks_exact(BLOCK);
+    let tail = chunks.remainder();
+    let mut pad = [f32::NEG_INFINITY; BLOCK];
+    pad[..tail.len()].copy_from_slice(tail);
+    let blocks = chunks.map(|c| c.as_ptr()).chain((!tail.is_empty()).then_some(pad.as_ptr()));
+    for (b, p) in blocks.enumerate() {
+        // SAFETY: `p` points to BLOCK = 64 floats (a full chunk, or the -inf padded tail).
+        let (m, _) = block_max_sum(p);
+        // Only a block with a lane above the best so far needs its horizontal maximum.
+        if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(m, best_v)) != 0 {
+            best = hmax(m);
+            best_v = _mm256_set1_ps(best);
+            best_block = b;
+        }
+    }
+    let at = best_block * BLOCK;
+    let end = (at + BLOCK).min(row.len());
+    row[at..end].iter().position(|&x| x == best).map(|i| at + i)
+}
+
+/// See [`super::count_ge`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn count_ge(values: &[f32], threshold: f32) -> usize {
+    let t = _mm256_set1_ps(threshold);
+    let chunks = values.chunks_exact(8);
+    let tail = chunks.remainder();
+    let mut n = 0;
+    for c in chunks {
+        // SAFETY: `c` holds 8 floats.
+        let x = _mm256_loadu_ps(c.as_ptr());
+        n += (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as u32).count_ones() as usize;
+    }
+    n + tail.iter().filter(|&&x| x >= threshold).count()
+}
+
+/// See [`super::gather_ge`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<TokenData>) {
+    let t = _mm256_set1_ps(threshold);
+    let chunks = block.chunks_exact(8);
+    let tail = chunks.remainder();
+    let mut i0 = base;
+    for c in chunks {
+        // SAFETY: `c` holds 8 floats.
+        let x = _mm256_loadu_ps(c.as_ptr());
+        let mut mask = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as u32;
+        while mask != 0 {
+            let j = mask.trailing_zeros() as usize;
+            out.push(TokenData { id: i0 + j as u32, logit: c[j], p: 0.0 });
+            mask &= mask - 1;
+        }
+        i0 += 8;
+    }
+    for (j, &x) in tail.iter().enumerate() {
+        if x >= threshold {
+            out.push(TokenData { id: i0 + j as u32, logit: x, p: 0.0 });
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------- expf
+
+/// glibc's `__exp2f_data.tab`: `asuint64(2^(i/32)) - (i << 47)`.
+static EXP2F_TAB: [u64; 32] = [
+    0x3ff0000000000000,
+    0x3fefd9b0d3158574,
+    0x3fefb5586cf9890f,
+    0x3fef9301d0125b51,
+    0x3fef72b83c7d517b,
+    0x3fef54873168b9aa,
+    0x3fef387a6e756238,
+    0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715,
+    0x3feef1a7373aa9cb,
+    0x3feedea64c123422,
+    0x3feece086061892d,
+    0x3feebfdad5362a27,
+    0x3feeb42b569d4f82,
+    0x3feeab07dd485429,
+    0x3feea47eb03a5585,
+    0x3feea09e667f3bcd,
+    0x3fee9f75e8ec5f74,
+    0x3feea11473eb0187,
+    0x3feea589994cce13,
+    0x3feeace5422aa0db,
+    0x3feeb737b0cdc5e5,
+    0x3feec49182a3f090,
+    0x3feed503b23e255d,
+    0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47,
+    0x3fef199bdd85529c,
+    0x3fef3720dcef9069,
+    0x3fef5818dcfba487,
+    0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da,
+    0x3fefd0765b6e4540,
+];
+
+/// `expf` underflows to +0 below this (glibc: `x < -0x1.9fe368p6f`, i.e. below log(2^-150)).
+const EXPF_UFLOW: f32 = -103.972_08;
+
+/// glibc's `__expf` main path on 4 lanes (`x` widened to double), before the final rounding
+/// to f32: `z = x·32/ln2 = k + r`, `2^(k/32)` from the table and the exponent bits, a cubic in
+/// `r`. The multiply-adds are fused exactly where glibc's FMA variant (`__expf_fma`, picked by
+/// its ifunc on CPUs with FMA) fuses them.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn expf_core(xd: __m256d) -> __m256d {
+    let inv_ln2_n = _mm256_set1_pd(f64::from_bits(0x3ff7_1547_652b_82fe) * 32.0);
+    let shift = _mm256_set1_pd(f64::from_bits(0x4338_0000_0000_0000)); // 0x1.8p52
+    let c0 = _mm256_set1_pd(f64::from_bits(0x3fac_6af8_4b91_2394) / 32768.0);
+    let c1 = _mm256_set1_pd(f64::from_bits(0x3fce_bfce_50fa_c4f3) / 1024.0);
+    let c2 = _mm256_set1_pd(f64::from_bits(0x3fe6_2e42_ff0c_52d6) / 32.0);
+    let kd_shifted = _mm256_fmadd_pd(inv_ln2_n, xd, shift);
+    let ki = _mm256_castpd_si256(kd_shifted);
+    let kd = _mm256_sub_pd(kd_shifted, shift);
+    let r = _mm256_fmsub_pd(inv_ln2_n, xd, kd);
+    let idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+    // SAFETY: every index is masked to 0..32 and EXP2F_TAB has 32 entries of 8 bytes.
+    let t = _mm256_i64gather_epi64::<8>(EXP2F_TAB.as_ptr() as *const i64, idx);
+    let s = _mm256_castsi256_pd(_mm256_add_epi64(t, _mm256_slli_epi64::<47>(ki)));
+    let z = _mm256_fmadd_pd(c0, r, c1);
+    let r2 = _mm256_mul_pd(r, r);
+    let y = _mm256_fmadd_pd(c2, r, _mm256_set1_pd(1.0));
+    let y = _mm256_fmadd_pd(z, r2, y);
+    _mm256_mul_pd(y, s)
+}
+
+/// `expf(x)` on 8 lanes, for `x <= 0` or `-inf`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn expf8(x: __m256) -> __m256 {
+    let lo = _mm256_cvtpd_ps(expf_core(_mm256_cvtps_pd(_mm256_castps256_ps128(x))));
+    let hi = _mm256_cvtpd_ps(expf_core(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(x))));
+    let y = _mm256_set_m128(hi, lo);
+    let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(EXPF_UFLOW));
+    _mm256_andnot_ps(under, y)
+}
+
+/// See [`super::exp_shifted`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn exp_shifted(src: &[f32], div: f32, sub: f32, out: &mut [f32]) {
+    let (d, s) = (_mm256_set1_ps(div), _mm256_set1_ps(sub));
+    let n = src.len().min(out.len());
+    let (src, out) = (&src[..n], &mut out[..n]);
+    let full = n - n % 8;
+    for (c, o) in src[..full].chunks_exact(8).zip(out[..full].chunks_exact_mut(8)) {
+        // SAFETY: `c` and `o` each hold 8 floats.
+        let x = _mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(c.as_ptr()), d), s);
+        _mm256_storeu_ps(o.as_mut_ptr(), expf8(x));
+    }
+    for (o, &x) in out[full..].iter_mut().zip(&src[full..]) {
+        *o = (x / div - sub).exp();
+    }
+}
+
+/// See [`super::exp_shifted_sum`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn exp_shifted_sum(src: &[f32], div: f32, sub: f32) -> f64 {
+    let (d, s) = (_mm256_set1_ps(div), _mm256_set1_ps(sub));
+    let mut lo = _mm256_setzero_pd();
+    let mut hi = _mm256_setzero_pd();
+    let chunks = src.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        // SAFETY: `c` holds 8 floats.
+        let x = _mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(c.as_ptr()), d), s);
+        let w = expf8(x);
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(w)));
+    }
+    let mut v = [0.0f64; 4];
+    // SAFETY: `v` holds 4 doubles.
+    _mm256_storeu_pd(v.as_mut_ptr(), _mm256_add_pd(lo, hi));
+    let mut sum = (v[0] + v[1]) + (v[2] + v[3]);
+    for &x in tail {
+        sum += (x / div - sub).exp() as f64;
+    }
+    sum
+}
+
+/// See [`super::exp_sum_sequential`]. The gathered entries are queued (in order) and
+/// exponentiated in full vectors once 256 are pending; the queue is added before the next
+/// block's bound is computed from the sum, so the bound lags behind (lower, hence safe).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32]) -> f32 {
+    const QUEUE: usize = 256;
+    let mut sum = start;
+    let mut bound = super::log_half_ulp(sum);
+    let s = _mm256_set1_ps(sub);
+    // Pending entries; padded with -inf (weight 0, and `sum + 0 == sum`) to whole vectors.
+    let mut vals = [f32::NEG_INFINITY; QUEUE + BLOCK + 8];
+    let mut w = [0.0f32; QUEUE + BLOCK + 8];
+    let mut n = 0;
+    let mut flush = |vals: &mut [f32], n: usize, sum: &mut f32| {
+        let padded = n.div_ceil(8) * 8;
+        vals[n..padded].fill(f32::NEG_INFINITY);
+        for (v, o) in vals[..padded].chunks_exact(8).zip(w[..padded].chunks_exact_mut(8)) {
+            // SAFETY: `v` and `o` each hold 8 floats.
+            _mm256_storeu_ps(o.as_mut_ptr(), expf8(_mm256_sub_ps(_mm256_loadu_ps(v.as_ptr()), s)));
+        }
+        for &x in &w[..n] {
+            *sum += x;
+        }
+    };
+    for (&bm, block) in block_max.iter().zip(row.chunks(BLOCK)) {
+        if bm - sub < bound {
+            continue;
+        }
+        let threshold = super::skip_threshold(sub, bound);
+        let t = _mm256_set1_ps(threshold);
+        let chunks = block.chunks_exact(8);
+        let tail = chunks.remainder();
+        for c in chunks {
+            // SAFETY: `c` holds 8 floats.
+            let x = _mm256_loadu_ps(c.as_ptr());
+            let mask = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as usize;
+            // Left-pack the selected lanes (no branch per entry): lanes past the count are
+            // overwritten by the next store or padded with -inf before use.
+            // SAFETY: the table row holds 8 u32 lane indices < 8.
+            let idx = _mm256_loadu_si256(COMPRESS_LUT[mask].as_ptr() as *const __m256i);
+            let dst = &mut vals[n..n + 8];
+            // SAFETY: `dst` holds 8 floats.
+            _mm256_storeu_ps(dst.as_mut_ptr(), _mm256_permutevar8x32_ps(x, idx));
+            n += mask.count_ones() as usize;
+        }
+        for &x in tail {
+            if x >= threshold {
+                vals[n] = x;
+                n += 1;
+            }
+        }
+        if n >= QUEUE {
+            flush(&mut vals, n, &mut sum);
+            n = 0;
+            bound = super::log_half_ulp(sum);
+        }
+    }
+    flush(&mut vals, n, &mut sum);
+    sum
+}
+
+/// For each 8-bit mask, the lane indices of its set bits in order (then zeros).
+static COMPRESS_LUT: [[u32; 8]; 256] = compress_lut();
+
+const fn compress_lut() -> [[u32; 8]; 256] {
+    let mut t = [[0u32; 8]; 256];
+    let mut m = 0;
+    while m < 256 {
+        let (mut j, mut k) = (0, 0);
+        while j < 8 {
+            if m & (1 << j) != 0 {
+                t[m][k] = j as u32;
+                k += 1;
+            }
+            j += 1;
+        }
+        m += 1;
+    }
+    t
+}
+
+/// See [`super::exp_block_sums`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn exp_block_sums(src: &[f32], div: f32, sub: f32, approx: bool, out: &mut [f64]) {
+    let (d, s) = (_mm256_set1_ps(div), _mm256_set1_ps(sub));
+    for (o, block) in out.iter_mut().zip(src.chunks(BLOCK)) {
+        let mut lo = _mm256_setzero_pd();
+        let mut hi = _mm256_setzero_pd();
+        let chunks = block.chunks_exact(8);
+        let tail = chunks.remainder();
+        for c in chunks {
+            // SAFETY: `c` holds 8 floats.
+            let x = _mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(c.as_ptr()), d), s);
+            let w = if approx { expf8_approx(x) } else { expf8(x) };
+            lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
+            hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(w)));
+        }
+        let mut v = [0.0f64; 4];
+        // SAFETY: `v` holds 4 doubles.
+        _mm256_storeu_pd(v.as_mut_ptr(), _mm256_add_pd(lo, hi));
+        let mut sum = (v[0] + v[1]) + (v[2] + v[3]);
+        for &x in tail {
+            sum += (x / div - sub).exp() as f64;
+        }
+        *o = sum;
+    }
+}
+
+/// `e^x` on 8 lanes in f32 (Cephes' `expf` polynomial with fused multiply-adds), for
+/// `x <= 0`, within [`super::APPROX_EXP_REL_ERROR`] of the exact value; 0 below -87.33
+/// (absolute error under 2^-126).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn expf8_approx(x: __m256) -> __m256 {
+    let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.33654));
+    let x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm256_set1_ps(1.987_569_1e-4);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.166_666_65));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
+    let r2 = _mm256_mul_ps(r, r);
+    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
+    let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
+    _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(scale)))
+}
+
+/// True when the vectorised `expf` gives `f32::exp`'s bits on a probe set: a sweep of the
+/// domain, its ends, and inputs where glibc's non-FMA variant (or one fusing fewer operations)
+/// rounds differently, so that a platform `expf` other than glibc's FMA variant is detected.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn exp_replica_agrees() -> bool {
+    let mut xs = [0.0f32; 1024];
+    let end = (-104.5f32).to_bits();
+    let step = (end - 0x8000_0000) / (xs.len() as u32 - 16);
+    for (i, x) in xs.iter_mut().enumerate() {
+        *x = f32::from_bits(0x8000_0000 + step * i as u32);
+    }
+    let special = [
+        f32::NEG_INFINITY,
+        -0.0,
+        0.0,
+        EXPF_UFLOW,
+        -103.97209,
+        -103.5,
+        -88.0,
+        -87.33655,
+        -1e-30,
+        -f32::MIN_POSITIVE,
+        // Rounded differently by glibc's non-FMA `expf` and by variants fusing only the cubic.
+        f32::from_bits(0xc27c_65d9),
+    ];
+    let at = xs.len() - special.len();
+    xs[at..].copy_from_slice(&special);
+    let mut got = [0.0f32; 1024];
+    exp_shifted(&xs, 1.0, 0.0, &mut got);
+    xs.iter().zip(&got).all(|(&x, &g)| g.to_bits() == x.exp().to_bits())
+}

@@ -1,0 +1,735 @@
+//! Fast paths that read the logits row in place, under the llama.cpp convention.
+//!
+//! `llama_sampler_sample` copies the row into a vocabulary-sized array of `(id, logit, p)`
+//! before the first stage runs; at V = 128k that copy alone costs more than llama.cpp's whole
+//! default chain should. Most chains start with a stage that keeps few candidates or that
+//! selects straight from the row, so [`Chain`](crate::Chain) hands the row to `prepare`
+//! first, which
+//!
+//! 1. summarises the row in one SIMD pass ([`arch::summarize`]): validation, the maximum, and
+//!    the maximum of every block of [`arch::BLOCK`] entries (f16/bf16 rows are widened into a
+//!    reused buffer first);
+//! 2. folds leading `penalties` and `logit_bias` stages into a sparse *overlay* (id → edited
+//!    logit, sorted by id): on an array still in vocabulary order they touch only the ids in
+//!    the penalty window and the bias list, with the same f32 operations;
+//! 3. runs the first stage after those straight on row + overlay when it is one of:
+//!    * `top_k(k)`: the threshold `τ` = the `(k + e)`-th largest block maximum, where at most
+//!      `e` overlay entries had a row value `>= τ`, is at most the k-th largest logit (that
+//!      many blocks each hold an entry `>= τ`, at most `e` of them edited), so gathering the
+//!      entries `>= τ` from the blocks whose maximum reaches it yields a superset of the top k
+//!      from a few percent of the row;
+//!    * `min_p(p)`: the maximum from the summary, then the entries `>= max + ln p` gathered in
+//!      row order from the blocks that reach it;
+//!    * `top_p(p)` (no overlay, V > 1024): the f32 softmax sum in row order reproduced exactly
+//!      by [`arch::exp_sum_sequential`] (entries whose weight is below half an ulp of the
+//!      running sum cannot change it and are never exponentiated), then the sorted top
+//!      entries popped from a heap over a superset of the top 32 (then of the top 256) until
+//!      the mass is reached, as llama.cpp's "sort the top 256 first" path does;
+//!    * `greedy` (when sampling): the first entry equal to the maximum, in the block the
+//!      summary found;
+//!    * `dist`, optionally after `temperature(t > 0)` (when sampling, no overlay): block sums of
+//!      approximate weights (a vectorised f32 `exp`, relative error under 2^-20) locate the
+//!      draw; the choice is certain when the target lies farther than the sums' error bound
+//!      from both ends of the chosen entry's interval. If not, block sums of the exact `expf`
+//!      weights (error bound ~V·2^-52) try again, and if even that cannot decide, the array
+//!      path finishes with the same draw. The approximate `exp` never reaches a value anyone
+//!      sees: it only narrows down where the draw lands.
+//!
+//! Everything else (and every case a fast path cannot prove) builds the array exactly as
+//! [`Candidates::fill`] does and runs the stages from the first.
+//!
+//! Where time goes: `top_k`, `min_p` and `greedy` cost about one pass over the row plus a few
+//! percent of it. `dist` over the full row needs one exponential per entry (in the cheap f32
+//! form, ~10 vector operations per 8 entries, an order of magnitude more than the max pass);
+//! `top_p` and raw logprobs only those of the entries that can change llama.cpp's f32 sum
+//! (typically a few thousand at V = 128k).
+//!
+//! # What "exact" means here
+//!
+//! The candidates a fast path leaves are those the array path leaves, bit for bit: ids,
+//! order, logits and `p`. The order needs care because llama.cpp sorts with libstdc++'s
+//! unstable algorithms: for *distinct* values heap select, introsort and the 128-bucket sort
+//! all leave plain descending order, so `top_k` and `top_p` check that the kept values (and
+//! the first dropped one) are pairwise distinct and fall back to the array path on any exact
+//! tie (`-0.0 == 0.0` counts as a tie). `min_p` keeps row order, which needs no check.
+//! `p` values come from the same `expf` bits ([`arch::exp_shifted`] is checked against the
+//! platform's `expf`) and the same f32 operations in the same order.
+//!
+//! The two selecting paths (`greedy`, `dist`) are used by `sample` only, which then leaves
+//! just the selected candidate in [`Candidates`] (building the full array would cost more than
+//! the selection): its logit as processed and, for `dist`, its probability divided by a sum
+//! computed in a different order (within `1e-12` relative of the array path's, not bit for
+//! bit). The token is always the one the array path selects. `apply` and processed logprobs
+//! always leave the full candidate set.
+
+use crate::arch::{self, Summary, BLOCK};
+use crate::candidates::{Candidates, TokenData};
+use crate::error::{Error, Result};
+use crate::logits::Logits;
+use crate::sampler::dist::Dist;
+use crate::sampler::{Sampler, Stage};
+
+/// Reused buffers of the fast paths (owned by the [`Chain`](crate::Chain)).
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    /// f16/bf16 rows widened to f32.
+    widened: Vec<f32>,
+    /// Maximum of every block of the row ([`arch::summarize`]).
+    block_max: Vec<f32>,
+    /// Sparse edits of leading penalties/logit_bias stages: (id, logit), sorted by id.
+    overlay: Vec<(u32, f32)>,
+    /// Entries gathered from the row.
+    gathered: Vec<TokenData>,
+    /// Indices of the blocks that reach a threshold.
+    blocks: Vec<TokenData>,
+    /// A min-heap of block maxima (threshold selection).
+    heap: Vec<f32>,
+    /// Per-block f64 sums of weights (`dist`).
+    block_sums: Vec<f64>,
+    /// One block of weights.
+    weights: Vec<f32>,
+    /// The summary of the row of the last [`prepare`], while it is known valid.
+    summary: Option<Summary>,
+    /// Which path the last [`prepare`] took (for tests and benchmarks).
+    pub(crate) path: Path,
+    /// Recent `(need, max - threshold)` pairs of [`threshold`], so that the next row (similar
+    /// to the last) usually gets its threshold from one counting pass.
+    gaps: [(usize, f32); 4],
+}
+
+/// Which path the last sampling call took (see [`Chain::last_path`](crate::Chain::last_path)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Path {
+    /// No fast path applies to this chain: the candidate array was built.
+    #[default]
+    Array,
+    /// The named stage ran on the row in place (or selected from it).
+    Fast(&'static str),
+    /// The named stage's fast path could not prove its result; the array path ran.
+    Fallback(&'static str),
+}
+
+/// What [`prepare`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Prepared {
+    /// The candidates are built and the first `applied` stages have run on them.
+    Built {
+        /// How many stages have run.
+        applied: usize,
+    },
+    /// A selecting stage chose this token from the row; the candidates hold only it.
+    Selected(u32),
+}
+
+/// Whether [`prepare`] must leave the full candidate set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Need {
+    /// `apply`, processed logprobs: the candidates are observed.
+    Candidates,
+    /// `sample`: only the token is.
+    Token,
+}
+
+/// Validates `row`, then either runs the chain's leading stages on the row in place (see the
+/// module docs) or builds the candidate array exactly as [`Candidates::fill`] does. Errors as
+/// `fill` (empty row, NaN or `+inf`), leaving the candidates empty, and as the stages.
+pub(crate) fn prepare(
+    stages: &mut [Stage],
+    row: Logits<'_>,
+    c: &mut Candidates,
+    s: &mut Scratch,
+    need: Need,
+) -> Result<Prepared> {
+    s.summary = None;
+    s.path = Path::Array;
+    if row.is_empty() {
+        c.begin(0);
+        return Err(Error::empty_row());
+    }
+    let mut widened = std::mem::take(&mut s.widened);
+    let r: &[f32] = match row {
+        Logits::F32(r) => r,
+        _ => {
+            widened.clear();
+            row.for_each(|_, v| widened.push(v));
+            &widened
+        }
+    };
+    let out = prepare_f32(stages, row, r, c, s, need);
+    s.widened = widened;
+    out
+}
+
+fn prepare_f32(
+    stages: &mut [Stage],
+    row: Logits<'_>,
+    r: &[f32],
+    c: &mut Candidates,
+    s: &mut Scratch,
+    need: Need,
+) -> Result<Prepared> {
+    let summary = arch::summarize(r, &mut s.block_max);
+    if summary.suspect {
+        if let Err(e) = row.validate() {
+            c.begin(0);
+            return Err(e);
+        }
+    }
+    s.summary = Some(summary);
+
+    s.overlay.clear();
+    let mut first = 0;
+    while let Some(stage) = stages.get(first) {
+        match stage {
+            _ if stage.is_inert() => {}
+            Stage::Penalties(pen) => {
+                for (token, count) in pen.counts() {
+                    if (token as usize) < r.len() {
+                        let slot = overlay_slot(&mut s.overlay, token, r);
+                        *slot = pen.penalised(*slot, count);
+                    }
+                }
+            }
+            Stage::LogitBias(bias) => {
+                for &(id, b) in bias.entries() {
+                    if let Ok(token) = u32::try_from(id) {
+                        if (token as usize) < r.len() {
+                            *overlay_slot(&mut s.overlay, token, r) += b;
+                        }
+                    }
+                }
+            }
+            _ => break,
+        }
+        first += 1;
+    }
+    if s.overlay.iter().any(|e| e.1.is_nan()) {
+        c.fill_validated(r);
+        return Ok(Prepared::Built { applied: 0 });
+    }
+
+    let done = match stages.get(first) {
+        Some(Stage::TopK(t)) => top_k(t.k() as usize, r, s, c),
+        Some(Stage::MinP(m)) => {
+            let (p, min_keep) = m.params();
+            min_p(p, min_keep, r, summary, s, c)
+        }
+        Some(Stage::TopP(t)) if s.overlay.is_empty() => {
+            let (p, min_keep) = t.params();
+            top_p(p, min_keep, r, summary, s, c)
+        }
+        Some(Stage::Greedy(_)) if need == Need::Token => {
+            s.path = Path::Fast("greedy");
+            return greedy(r, summary, s, c).map(Prepared::Selected);
+        }
+        Some(_) if need == Need::Token && s.overlay.is_empty() => {
+            if let Some(done) = dist(stages, first, r, summary, s, c)? {
+                if let Prepared::Built { .. } = done {
+                    s.path = Path::Fallback("dist");
+                }
+                return Ok(done);
+            }
+            return Ok(array(r, c));
+        }
+        _ => return Ok(array(r, c)),
+    };
+    let name = stages[first].name();
+    if done {
+        s.path = Path::Fast(name);
+        Ok(Prepared::Built { applied: first + 1 })
+    } else {
+        s.path = Path::Fallback(name);
+        c.fill_validated(r);
+        Ok(Prepared::Built { applied: 0 })
+    }
+}
+
+/// The array path: the candidates exactly as [`Candidates::fill`] builds them.
+fn array(r: &[f32], c: &mut Candidates) -> Prepared {
+    c.fill_validated(r);
+    Prepared::Built { applied: 0 }
+}
+
+/// The overlay's logit for `token`, inserted (from the row) if it has none yet.
+fn overlay_slot<'o>(overlay: &'o mut Vec<(u32, f32)>, token: u32, r: &[f32]) -> &'o mut f32 {
+    let at = match overlay.binary_search_by_key(&token, |e| e.0) {
+        Ok(at) => at,
+        Err(at) => {
+            overlay.insert(at, (token, r[token as usize]));
+            at
+        }
+    };
+    &mut overlay[at].1
+}
+
+/// The `need`-th largest of `values` (`need >= 1`), by a bounded min-heap (or a selection for
+/// large `need`); `None` when there are fewer values. Leaves the `need` largest values in
+/// `heap` (in no particular order).
+fn nth_largest(values: &[f32], need: usize, heap: &mut Vec<f32>) -> Option<f32> {
+    if need == 0 || need > values.len() {
+        return None;
+    }
+    heap.clear();
+    if need > 128 {
+        // A bounded heap costs O(n log need) here; selection is linear.
+        heap.extend_from_slice(values);
+        let (_, &mut nth, _) = heap.select_nth_unstable_by(need - 1, |a, b| b.total_cmp(a));
+        heap.truncate(need);
+        return Some(nth);
+    }
+    for &v in values {
+        if heap.len() < need {
+            heap.push(v);
+            let mut i = heap.len() - 1;
+            while i > 0 {
+                let parent = (i - 1) / 2;
+                if heap[parent] <= heap[i] {
+                    break;
+                }
+                heap.swap(parent, i);
+                i = parent;
+            }
+        } else if v > heap[0] {
+            heap[0] = v;
+            let mut i = 0;
+            loop {
+                let (l, r) = (2 * i + 1, 2 * i + 2);
+                let mut smallest = i;
+                if l < need && heap[l] < heap[smallest] {
+                    smallest = l;
+                }
+                if r < need && heap[r] < heap[smallest] {
+                    smallest = r;
+                }
+                if smallest == i {
+                    break;
+                }
+                heap.swap(i, smallest);
+                i = smallest;
+            }
+        }
+    }
+    Some(heap[0])
+}
+
+/// A `tau` with at least `need` block maxima `>= tau` (so at most the `need`-th largest),
+/// without many more than `need` (they decide how much of the row is gathered); `None` when
+/// there are fewer than `need` blocks. Tries `max - gap` with the gap that worked for this
+/// `need` before, counting with one SIMD pass, widening or narrowing the gap a few times;
+/// selects exactly if that does not settle.
+fn threshold(need: usize, max: f32, s: &mut Scratch) -> Option<f32> {
+    let blocks = s.block_max.len();
+    if need == 0 || need > blocks {
+        return None;
+    }
+    let slot = s.gaps.iter().position(|g| g.0 == need);
+    let mut gap = slot.map_or(4.0, |i| s.gaps[i].1);
+    if need * 4 <= blocks && max.is_finite() {
+        for _ in 0..6 {
+            let tau = max - gap;
+            let n = arch::count_ge(&s.block_max, tau);
+            if n >= need && n <= 4 * need + 16 {
+                remember(s, slot, need, gap);
+                return Some(tau);
+            }
+            gap = if n < need { gap * 2.0 } else { gap * 0.5 };
+        }
+    }
+    let tau = nth_largest(&s.block_max, need, &mut s.heap)?;
+    if max.is_finite() && tau.is_finite() {
+        remember(s, slot, need, (max - tau).max(1e-6));
+    }
+    Some(tau)
+}
+
+fn remember(s: &mut Scratch, slot: Option<usize>, need: usize, gap: f32) {
+    let i = slot.unwrap_or_else(|| s.gaps.iter().position(|g| g.0 == 0).unwrap_or(need % 4));
+    s.gaps[i] = (need, gap);
+}
+
+/// Every entry of row + overlay with logit `>= tau`, in id order, into `out` (cleared);
+/// `blocks` is scratch.
+fn gather_at_least(
+    r: &[f32],
+    block_max: &[f32],
+    overlay: &[(u32, f32)],
+    tau: f32,
+    out: &mut Vec<TokenData>,
+    blocks: &mut Vec<TokenData>,
+) {
+    out.clear();
+    // The blocks that reach `tau` (ids = block indices), found with the same SIMD filter.
+    blocks.clear();
+    arch::gather_ge(block_max, 0, tau, blocks);
+    for b in blocks.iter() {
+        let start = b.id as usize * BLOCK;
+        let end = (start + BLOCK).min(r.len());
+        arch::gather_ge(&r[start..end], start as u32, tau, out);
+    }
+    if !overlay.is_empty() {
+        out.retain(|t| overlay.binary_search_by_key(&t.id, |e| e.0).is_err());
+        for &(id, logit) in overlay {
+            if logit >= tau {
+                let at = out.partition_point(|t| t.id < id);
+                out.insert(at, TokenData { id, logit, p: 0.0 });
+            }
+        }
+    }
+}
+
+/// A superset of the `k` largest entries of row + overlay (all entries `>= tau` for a `tau`
+/// at most the k-th largest), or `None` when there are too few blocks to bound it.
+///
+/// `tau` is the `(k + e)`-th largest block maximum where at most `e` overlay entries have a
+/// row value `>= tau`: of the `k + e` blocks reaching `tau`, at most `e` owe their maximum to
+/// an edited entry, so `k` unedited entries are `>= tau`. Usually no edited entry is that
+/// large (penalised history tokens rarely are) and `e = 0`.
+fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<()> {
+    let max = s.summary.map_or(f32::NEG_INFINITY, |m| m.max);
+    let mut extra = 0;
+    let tau = loop {
+        let tau = threshold(k + extra, max, s)?;
+        let large = s.overlay.iter().filter(|e| r[e.0 as usize] >= tau).count();
+        if large <= extra {
+            break tau;
+        }
+        extra = large;
+    };
+    gather_at_least(r, &s.block_max, &s.overlay, tau, &mut s.gathered, &mut s.blocks);
+    debug_assert!(s.gathered.len() >= k);
+    Some(())
+}
+
+fn desc(a: &TokenData, b: &TokenData) -> std::cmp::Ordering {
+    b.logit.total_cmp(&a.logit)
+}
+
+/// `top_k(k)` on the untouched row (llama_cpp::top_k: heap select or bucket sort, which for
+/// distinct values both leave descending order).
+fn top_k(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bool {
+    let k = k.min(r.len());
+    if gather_top(k, r, s).is_none() {
+        return false;
+    }
+    let g = &mut s.gathered;
+    if g.len() > k {
+        g.select_nth_unstable_by(k, desc);
+    }
+    g[..k].sort_unstable_by(desc);
+    // Distinct kept values, and the first dropped one strictly below the last kept.
+    let distinct = g[..k].windows(2).all(|w| w[0].logit != w[1].logit);
+    if !distinct || (g.len() > k && g[k - 1].logit == g[k].logit) {
+        return false;
+    }
+    c.begin(r.len());
+    c.data.extend_from_slice(&g[..k]);
+    c.sorted = true;
+    true
+}
+
+/// The maximum of row + overlay.
+fn view_max(r: &[f32], summary: Summary, s: &mut Scratch) -> Option<f32> {
+    if s.overlay.is_empty() {
+        return Some(summary.max);
+    }
+    gather_top(1, r, s)?;
+    Some(s.gathered.iter().fold(f32::NEG_INFINITY, |m, t| m.max(t.logit)))
+}
+
+/// `min_p(p, min_keep)` on the untouched row: its unsorted path (survivors in row order).
+fn min_p(p: f32, min_keep: usize, r: &[f32], summary: Summary, s: &mut Scratch, c: &mut Candidates) -> bool {
+    let Some(max) = view_max(r, summary, s) else { return false };
+    if max == f32::NEG_INFINITY {
+        return false; // llama.cpp's scan starts at -FLT_MAX; leave that case to the array path
+    }
+    let min_logit = max + p.ln();
+    gather_at_least(r, &s.block_max, &s.overlay, min_logit, &mut s.gathered, &mut s.blocks);
+    let n = s.gathered.len();
+    if n == 0 || n < min_keep {
+        return false;
+    }
+    c.begin(r.len());
+    c.data.extend_from_slice(&s.gathered);
+    true
+}
+
+/// Pops the largest entry of a max-heap (by logit) stored in `h[..*len]`.
+fn pop_max(h: &mut [TokenData], len: &mut usize) -> Option<TokenData> {
+    if *len == 0 {
+        return None;
+    }
+    let top = h[0];
+    *len -= 1;
+    h.swap(0, *len);
+    sift_down(&mut h[..*len], 0);
+    Some(top)
+}
+
+fn sift_down(h: &mut [TokenData], mut i: usize) {
+    loop {
+        let (l, r) = (2 * i + 1, 2 * i + 2);
+        let mut largest = i;
+        if l < h.len() && h[l].logit > h[largest].logit {
+            largest = l;
+        }
+        if r < h.len() && h[r].logit > h[largest].logit {
+            largest = r;
+        }
+        if largest == i {
+            return;
+        }
+        h.swap(i, largest);
+        i = largest;
+    }
+}
+
+/// `top_p(p, min_keep)` on the untouched row of more than 1024 entries: llama.cpp's path that
+/// sorts only the top 256 first, finished within those 256 (otherwise the array path runs).
+/// The descending prefix is popped from a heap over a superset of the top 32 first, then of
+/// the top 256 if the mass was not reached within the first.
+fn top_p(p: f32, min_keep: usize, r: &[f32], summary: Summary, s: &mut Scratch, c: &mut Candidates) -> bool {
+    const TOP: usize = 256;
+    if r.len() <= 1024 || summary.max == f32::NEG_INFINITY {
+        return false;
+    }
+    let max = summary.max;
+    let sum = arch::exp_sum_sequential(0.0, r, max, &s.block_max);
+    let blocks = s.block_max.len();
+    for need in [32.min(blocks), TOP.min(blocks)] {
+        if gather_top(need, r, s).is_none() {
+            return false;
+        }
+        let g = &mut s.gathered;
+        let mut len = g.len();
+        for i in (0..len / 2).rev() {
+            sift_down(&mut g[..len], i);
+        }
+        c.begin(r.len());
+        let mut cum = 0.0f32;
+        for i in 0..TOP {
+            // Every entry of the superset is >= the threshold, and every entry outside it is
+            // below: popping it in order yields the row's descending order while it lasts.
+            let Some(mut t) = pop_max(g, &mut len) else { break };
+            if c.data.last().is_some_and(|prev| prev.logit == t.logit) {
+                return false; // a tie among the kept: libstdc++'s order would decide
+            }
+            t.p = (t.logit - max).exp() / sum;
+            cum += t.p;
+            c.data.push(t);
+            if cum >= p && i + 1 >= min_keep {
+                if len > 0 && g[0].logit == t.logit {
+                    return false; // a tie at the cut
+                }
+                c.sorted = true;
+                return true;
+            }
+        }
+        if c.data.len() >= TOP {
+            return false; // not reached within llama.cpp's first 256: it sorts everything
+        }
+    }
+    false
+}
+
+/// `greedy` on the row + overlay: the first entry holding the maximum.
+fn greedy(r: &[f32], summary: Summary, s: &mut Scratch, c: &mut Candidates) -> Result<u32> {
+    let (id, logit) = if s.overlay.is_empty() {
+        let start = summary.max_block * BLOCK;
+        let block = &r[start..(start + BLOCK).min(r.len())];
+        let i = block.iter().position(|&x| x == summary.max).unwrap_or(0);
+        ((start + i) as u32, block[i])
+    } else {
+        match gather_top(1, r, s) {
+            Some(()) => {
+                let max = s.gathered.iter().fold(f32::NEG_INFINITY, |m, t| m.max(t.logit));
+                let t = s.gathered.iter().find(|t| t.logit == max).copied().unwrap_or_default();
+                (t.id, t.logit)
+            }
+            None => {
+                // Fewer blocks than overlay entries: a plain scan of row + overlay.
+                let mut best = (0u32, f32::NEG_INFINITY);
+                let mut edits = s.overlay.iter().peekable();
+                for (i, &x) in r.iter().enumerate() {
+                    let x = match edits.peek() {
+                        Some(&&(id, v)) if id as usize == i => {
+                            edits.next();
+                            v
+                        }
+                        _ => x,
+                    };
+                    if x > best.1 || i == 0 {
+                        best = (i as u32, x);
+                    }
+                }
+                best
+            }
+        }
+    };
+    if logit == f32::NEG_INFINITY {
+        c.begin(r.len());
+        return Err(Error::no_candidates("greedy"));
+    }
+    c.begin(r.len());
+    c.data.push(TokenData { id, logit, p: 0.0 });
+    c.selected = Some(0);
+    Ok(id)
+}
+
+/// `[temperature(t > 0);] dist` on the untouched row (when sampling). `None`: not this chain.
+fn dist(
+    stages: &mut [Stage],
+    first: usize,
+    r: &[f32],
+    summary: Summary,
+    s: &mut Scratch,
+    c: &mut Candidates,
+) -> Result<Option<Prepared>> {
+    let (t, at) = match &stages[first] {
+        Stage::Temperature(x) if x.t() > 0.0 => (x.t(), first + 1),
+        Stage::TempExt(x) => match x.plain_temperature() {
+            Some(t) if t > 0.0 => (t, first + 1),
+            _ => return Ok(None),
+        },
+        Stage::Dist(_) => (1.0, first),
+        _ => return Ok(None),
+    };
+    let Some(Stage::Dist(d)) = stages.get_mut(at) else { return Ok(None) };
+    if summary.max == f32::NEG_INFINITY {
+        c.begin(r.len());
+        return Err(Error::no_candidates("dist"));
+    }
+    // Division by a positive t is monotone, so the maximum of the scaled logits is this.
+    let max = summary.max / t;
+    if !max.is_finite() {
+        return Ok(None);
+    }
+    let u = d.draw();
+    if let Some((id, exact_pass)) = locate_draw(r, t, max, u, s) {
+        let logit = r[id as usize] / t;
+        let sum: f64 = s.block_sums.iter().sum();
+        c.begin(r.len());
+        c.data.push(TokenData { id, logit, p: ((logit - max).exp() as f64 / sum) as f32 });
+        c.selected = Some(0);
+        s.path = Path::Fast(if exact_pass { "dist (exact sums)" } else { "dist" });
+        return Ok(Some(Prepared::Selected(id)));
+    }
+    // Not provable: the array path, with the draw already made.
+    c.fill_validated(r);
+    for stage in &mut stages[..at] {
+        stage.apply(c)?;
+    }
+    Dist::select(c, u);
+    Ok(Some(Prepared::Built { applied: at + 1 }))
+}
+
+/// The index llama.cpp's `dist` selects for draw `u` over `w_i = expf(r_i / t - max)`:
+/// the first `i` whose running f64 sum reaches `u · Σ w` (both sums in row order). Computes
+/// per-block sums instead, first of cheap approximate weights, then (if that cannot decide) of
+/// the exact ones; returns the index only when the target is farther than the error bound of
+/// those sums from both ends of entry `i`'s interval, and whether the exact pass was needed.
+fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<(u32, bool)> {
+    s.block_sums.resize(r.len().div_ceil(BLOCK), 0.0);
+    // Either order of f64 summation is within (V + 8) half-ulps of the exact sum of the
+    // weights (each weight an f32, every partial sum <= the total); the approximate weights
+    // add their own relative error (and the exact `expf`'s half ulp).
+    let rounding = (r.len() as f64 + 8.0) * f64::EPSILON * 2.0;
+    arch::exp_block_sums(r, t, max, true, &mut s.block_sums);
+    let approx_err = 2.0 * arch::APPROX_EXP_REL_ERROR + 2.0 * rounding;
+    if let Some(i) = crossing(r, t, max, u, approx_err, s) {
+        return Some((i, false));
+    }
+    arch::exp_block_sums(r, t, max, false, &mut s.block_sums);
+    crossing(r, t, max, u, 2.0 * rounding, s).map(|i| (i, true))
+}
+
+/// The crossing of `u · Σ` over `s.block_sums` (relative error `rel`), resolved inside the
+/// block with exact weights; `None` unless certain.
+fn crossing(r: &[f32], t: f32, max: f32, u: f64, rel: f64, s: &mut Scratch) -> Option<u32> {
+    let sum: f64 = s.block_sums.iter().sum();
+    // Flushed or subnormal weights: at most 2^-126 each.
+    let err = sum * rel + r.len() as f64 * 1.2e-38;
+    let target = sum * u;
+    let mut before = 0.0f64;
+    let b = s.block_sums.iter().position(|&bs| {
+        let after = before + bs;
+        if after >= target {
+            return true;
+        }
+        before = after;
+        false
+    })?;
+    let start = b * BLOCK;
+    let block = &r[start..(start + BLOCK).min(r.len())];
+    s.weights.resize(BLOCK, 0.0);
+    let w = &mut s.weights[..block.len()];
+    arch::exp_shifted(block, t, max, w);
+    let mut running = before;
+    for (j, &wj) in w.iter().enumerate() {
+        let prev = running;
+        running += wj as f64;
+        if running >= target {
+            let certain = prev + 2.0 * err < target && target + 2.0 * err <= running;
+            return certain.then_some((start + j) as u32);
+        }
+    }
+    None
+}
+
+/// Raw logprobs of the row [`prepare`] last summarised, as [`logprobs::raw`](crate::logprobs::raw)
+/// defines them, the top `n` by threshold selection over the block maxima (ties to the lower
+/// id). `None` when this row was not summarised or `n` is too large for
+/// the block bound; the caller then uses the scanning implementation.
+pub(crate) fn raw_logprobs(
+    row: Logits<'_>,
+    token: u32,
+    n: usize,
+    out: &mut Vec<crate::logprobs::TokenLogprob>,
+    s: &mut Scratch,
+) -> Option<f32> {
+    let summary = s.summary?;
+    let widened = std::mem::take(&mut s.widened);
+    let r: &[f32] = match row {
+        Logits::F32(r) => r,
+        _ => &widened,
+    };
+    let result = raw_logprobs_f32(r, summary, token, n, out, s);
+    s.widened = widened;
+    result
+}
+
+fn raw_logprobs_f32(
+    r: &[f32],
+    summary: Summary,
+    token: u32,
+    n: usize,
+    out: &mut Vec<crate::logprobs::TokenLogprob>,
+    s: &mut Scratch,
+) -> Option<f32> {
+    if s.block_max.len() != r.len().div_ceil(BLOCK) || summary.max == f32::NEG_INFINITY {
+        return None;
+    }
+    out.clear();
+    out.reserve(n + 1);
+    if n > 0 {
+        let tau = threshold(n, summary.max, s)?;
+        gather_at_least(r, &s.block_max, &[], tau, &mut s.gathered, &mut s.blocks);
+    }
+    let lse = summary.max as f64 + (arch::exp_sum_sequential(0.0, r, summary.max, &s.block_max) as f64).ln();
+    if n > 0 {
+        let g = &mut s.gathered;
+        let by_rank = |a: &TokenData, b: &TokenData| {
+            b.logit.partial_cmp(&a.logit).unwrap_or(std::cmp::Ordering::Equal).then(a.id.cmp(&b.id))
+        };
+        if g.len() > n {
+            g.select_nth_unstable_by(n, by_rank);
+        }
+        let keep = n.min(g.len());
+        g[..keep].sort_unstable_by(by_rank);
+        out.extend(
+            g[..keep]
+                .iter()
+                .map(|t| crate::logprobs::TokenLogprob { token: t.id, logprob: (t.logit as f64 - lse) as f32 }),
+        );
+    }
+    Some((r[token as usize] as f64 - lse) as f32)
+}

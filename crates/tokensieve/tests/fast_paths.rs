@@ -1,0 +1,312 @@
+//! The in-place fast paths (`convention::llama_cpp::dense`) against the candidate-array path
+//! they replace, bit for bit: the same candidates (ids, order, logit bits, `p` bits), sorted
+//! flag and selection after `apply`, and the same tokens from `sample` over several steps.
+//!
+//! The array path is run by hand here: `Candidates::from_logits` (llama.cpp's fill) and every
+//! stage's `apply` on a clone of the chain's stages (same parameters, same RNG state). Rows are
+//! large enough for the fast paths to engage (they need more blocks than kept candidates) and
+//! tie-heavy enough to hit their fallbacks: exact duplicates of the top values, values on a
+//! coarse grid, `-0.0` beside `0.0`, `-inf`, huge magnitudes. Each property also counts how
+//! often the fast path itself ran, so it cannot silently test only the fallback.
+
+use proptest::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tokensieve::convention::llama_cpp::dense::Path;
+use tokensieve::sampler::{BuildContext, Sampler, Stage};
+use tokensieve::{Candidates, Chain, RngConfig};
+use tokensieve_testkit::generate::{self, RowKind, SplitMix64};
+use tokensieve_testkit::proptest_support::check;
+
+const CASES: u32 = 96;
+
+/// A row of `v` logits: one of the generator's kinds, then some adversarial touches.
+fn make_row(kind: RowKind, v: usize, seed: u64, touch: u8) -> Vec<f32> {
+    let mut r = generate::row(kind, v, seed);
+    let mut rng = SplitMix64::new(seed ^ 0x5eed);
+    // Half the rows keep the generator's shape (the fast paths' home ground), half get a touch.
+    match touch % 8 {
+        // Duplicate some of the largest values at random positions (ties inside the top k).
+        0 => {
+            let mut sorted = r.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            for _ in 0..(1 + rng.below(6)) {
+                let value = sorted[rng.below(sorted.len().min(60))];
+                let at = rng.below(v);
+                r[at] = value;
+            }
+        }
+        // A coarse grid: ties everywhere.
+        1 => r.iter_mut().for_each(|x| *x = (*x * 2.0).round() / 2.0),
+        // Signed zeros at the top.
+        2 => {
+            let at = rng.below(v);
+            let m = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            r[at] = m + 1.0;
+            let other = rng.below(v);
+            if other != at {
+                r[at] = 0.0;
+                r[other] = -0.0;
+                r.iter_mut()
+                    .enumerate()
+                    .filter(|(i, x)| *i != at && *i != other && **x >= 0.0)
+                    .for_each(|(_, x)| *x = -1.0);
+            }
+        }
+        // Masked entries.
+        3 => {
+            for _ in 0..(v / 7) {
+                let at = rng.below(v);
+                r[at] = f32::NEG_INFINITY;
+            }
+            if r.iter().all(|x| *x == f32::NEG_INFINITY) {
+                r[0] = 0.0;
+            }
+        }
+        _ => {}
+    }
+    r
+}
+
+fn row_strategy() -> impl Strategy<Value = Vec<f32>> {
+    let v = prop_oneof![1 => 129usize..2000, 3 => 2000usize..20_000, 1 => Just(32_000usize)];
+    let natural = proptest::sample::select(vec![
+        RowKind::Gaussian,
+        RowKind::Peaked,
+        RowKind::NegInf,
+        RowKind::ShiftedUp,
+        RowKind::ShiftedDown,
+    ]);
+    prop_oneof![
+        (generate::row_kind(), v.clone(), any::<u64>(), any::<u8>())
+            .prop_map(|(k, v, seed, touch)| make_row(k, v, seed, touch)),
+        (natural, v, any::<u64>()).prop_map(|(k, v, seed)| generate::row(k, v, seed)),
+    ]
+}
+
+fn prefix() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => Just(String::new()),
+        1 => (1usize..64, 1.05f32..1.5, 0.0f32..0.3).prop_map(|(n, rep, fr)| format!("penalties({n},{rep},{fr},0.1);")),
+        1 => (0u32..200, -5.0f32..5.0).prop_map(|(id, b)| format!("logit_bias({id}:{b} 3:-inf {id}:0.5 999999:1);")),
+        1 => Just("penalties(64,1.1,0.1,0.1);logit_bias(5:2.5);".to_string()),
+    ]
+}
+
+fn first_stage() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => prop_oneof![Just(1i32), Just(2), Just(5), Just(40), Just(100), Just(128), Just(129), Just(300)].prop_map(|k| format!("top_k({k})")),
+        2 => (prop_oneof![Just(0.05f32), Just(1.0), Just(1.05), 0.0001f32..0.9], 0usize..4).prop_map(|(p, mk)| format!("min_p({p},{mk})")),
+        2 => (prop_oneof![Just(0.95f32), Just(0.5), Just(0.0), 0.01f32..0.999], 0usize..4).prop_map(|(p, mk)| format!("top_p({p},{mk})")),
+    ]
+}
+
+fn tail() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(";dist".to_string()),
+        Just(";greedy".to_string()),
+        Just(";top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist".to_string()),
+        Just(";temperature(0.7);dist".to_string()),
+    ]
+}
+
+fn history() -> impl Strategy<Value = Vec<u32>> {
+    proptest::collection::vec(prop_oneof![0u32..50, 0u32..40_000], 0..40)
+}
+
+/// The array path: llama.cpp's fill, then every stage.
+fn array_path(stages: &mut [Stage], row: &[f32]) -> Result<Candidates, tokensieve::Error> {
+    let mut c = Candidates::from_logits(row)?;
+    for s in stages.iter_mut() {
+        s.apply(&mut c)?;
+    }
+    Ok(c)
+}
+
+fn same(a: &Candidates, b: &Candidates) -> Result<(), String> {
+    let bits =
+        |c: &Candidates| c.as_slice().iter().map(|t| (t.id, t.logit.to_bits(), t.p.to_bits())).collect::<Vec<_>>();
+    if bits(a) != bits(b) {
+        let (x, y) = (bits(a), bits(b));
+        let i = x.iter().zip(&y).position(|(p, q)| p != q).unwrap_or(x.len().min(y.len()));
+        return Err(format!(
+            "candidates differ at {i} (len {} vs {}): {:?} vs {:?}",
+            x.len(),
+            y.len(),
+            x.get(i),
+            y.get(i)
+        ));
+    }
+    if a.is_sorted() != b.is_sorted() || a.selected_index() != b.selected_index() {
+        return Err(format!(
+            "sorted/selected {:?}/{:?} vs {:?}/{:?}",
+            a.is_sorted(),
+            a.selected_index(),
+            b.is_sorted(),
+            b.selected_index()
+        ));
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Paths {
+    fast: AtomicUsize,
+    fallback: AtomicUsize,
+    array: AtomicUsize,
+}
+
+impl Paths {
+    fn note(&self, p: Path) {
+        if std::env::var("FAST_PATHS_VERBOSE").is_ok() {
+            eprintln!("path {p:?}");
+        }
+        let counter = match p {
+            Path::Fast(_) => &self.fast,
+            Path::Fallback(_) => &self.fallback,
+            Path::Array => &self.array,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+    fn report(&self, name: &str, min_fast: f64) {
+        let (f, b, a) = (
+            self.fast.load(Ordering::Relaxed),
+            self.fallback.load(Ordering::Relaxed),
+            self.array.load(Ordering::Relaxed),
+        );
+        eprintln!("{name}: fast path {f}, fell back {b}, array path {a}");
+        let total = (f + b + a).max(1);
+        assert!(f as f64 >= min_fast * total as f64, "{name}: the fast path ran in only {f} of {total} steps");
+        assert!(b > 0, "{name}: no case exercised a fallback");
+    }
+}
+
+/// `apply`: the full candidate set, bit for bit.
+#[test]
+fn apply_matches_the_array_path() {
+    let paths = Paths::default();
+    let strategy = (row_strategy(), prefix(), first_stage(), tail(), history(), any::<u32>());
+    check("fast_apply", CASES, strategy, |(row, prefix, first, tail, history, seed)| {
+        let spec = format!("{prefix}{first}{tail}");
+        let ctx = BuildContext::new(row.len(), RngConfig::mt19937(seed));
+        let mut chain = Chain::from_spec_for_apply(&spec, &ctx).unwrap();
+        for &t in &history {
+            chain.accept(t);
+        }
+        let mut stages = chain.stages().to_vec();
+        let want = array_path(&mut stages, &row);
+        let got = chain.apply(&row).cloned();
+        paths.note(chain.last_path());
+        match (got, want) {
+            (Ok(got), Ok(want)) => same(&got, &want).map_err(|e| TestCaseError::fail(format!("{spec}: {e}")))?,
+            (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+            (a, b) => prop_assert!(false, "{spec}: {:?} vs {:?}", a.map(|c| c.len()), b.map(|c| c.len())),
+        }
+        Ok(())
+    });
+    paths.report("apply", 0.25);
+}
+
+/// `sample`: the same tokens over several steps (each accepted on both sides), for chains the
+/// selecting fast paths take too.
+#[test]
+fn sample_matches_the_array_path() {
+    let paths = Paths::default();
+    let chain = prop_oneof![
+        2 => (prefix(), first_stage(), tail()).prop_map(|(p, f, t)| format!("{p}{f}{t}")),
+        1 => prefix().prop_map(|p| format!("{p}greedy")),
+        2 => prop_oneof![Just("dist"), Just("temperature(0.8);dist"), Just("temperature(1.7);dist"), Just("temp_ext(0.5,0);dist")]
+            .prop_map(String::from),
+    ];
+    let rng = prop_oneof![any::<u32>().prop_map(RngConfig::mt19937), any::<u64>().prop_map(RngConfig::philox)];
+    check("fast_sample", CASES, (row_strategy(), chain, history(), rng), |(row, spec, history, rng)| {
+        let ctx = BuildContext::new(row.len(), rng);
+        let mut chain = Chain::from_spec(&spec, &ctx).unwrap();
+        let mut stages = chain.stages().to_vec();
+        for &t in &history {
+            chain.accept(t);
+            stages.iter_mut().for_each(|s| s.accept(t));
+        }
+        for step in 0..3 {
+            let want = array_path(&mut stages, &row).map(|c| c.selected_token());
+            let got = chain.sample(&row);
+            paths.note(chain.last_path());
+            match (got, want) {
+                (Ok(token), Ok(Some(want))) => {
+                    prop_assert_eq!(token, want, "{} step {}", spec, step);
+                    let c = chain.candidates();
+                    prop_assert_eq!(c.selected_token(), Some(token));
+                    stages.iter_mut().for_each(|s| s.accept(token));
+                }
+                (Err(a), Err(b)) => {
+                    prop_assert_eq!(a.to_string(), b.to_string());
+                    break;
+                }
+                (a, b) => prop_assert!(false, "{spec} step {step}: {a:?} vs {b:?}"),
+            }
+        }
+        Ok(())
+    });
+    paths.report("sample", 0.4);
+}
+
+/// The `dist` fast path's certainty test on rows where many draws land near an interval end:
+/// a flat row (every weight equal, so every boundary is a multiple of the same value) and rows
+/// with a huge number of tiny weights.
+#[test]
+fn dist_on_flat_and_long_tailed_rows() {
+    for (v, seed) in [(20_000usize, 1u64), (50_000, 2), (128_256, 3)] {
+        for kind in [RowKind::Flat, RowKind::Peaked, RowKind::Huge, RowKind::ShiftedDown] {
+            let row = generate::row(kind, v, seed);
+            for spec in ["dist", "temperature(0.8);dist", "temperature(3);dist"] {
+                let ctx = BuildContext::new(v, RngConfig::mt19937(seed as u32));
+                let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+                let mut stages = chain.stages().to_vec();
+                for step in 0..20 {
+                    let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
+                    let got = chain.sample(&row).unwrap();
+                    assert_eq!(got, want, "{spec} {kind:?} V={v} step {step}");
+                    stages.iter_mut().for_each(|s| s.accept(got));
+                }
+            }
+        }
+    }
+}
+
+/// The exact softmax sum that skips provable no-op additions, and `top_p` built on it, on
+/// large rows of every realistic shape, sharpened and flattened (so that the mass is reached
+/// within the first 32, within 256, or not at all).
+#[test]
+fn top_p_and_its_softmax_sum_on_large_rows() {
+    let mut fast = 0;
+    for (i, v) in [1025usize, 4096, 32_000, 128_256].into_iter().enumerate() {
+        for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::ShiftedDown, RowKind::ShiftedUp, RowKind::NegInf] {
+            for scale in [0.3f32, 1.0, 3.0] {
+                let row: Vec<f32> = generate::row(kind, v, i as u64 + 1).into_iter().map(|x| x * scale).collect();
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut plain = 0.0f32;
+                for &x in &row {
+                    plain += (x - max).exp();
+                }
+                let mut bm = Vec::new();
+                tokensieve::arch::summarize(&row, &mut bm);
+                assert_eq!(
+                    tokensieve::arch::exp_sum_sequential(0.0, &row, max, &bm).to_bits(),
+                    plain.to_bits(),
+                    "{kind:?} V={v}"
+                );
+                for p in [0.3f32, 0.9, 0.95, 0.999] {
+                    let spec = format!("top_p({p},1)");
+                    let mut chain =
+                        Chain::from_spec_for_apply(&spec, &BuildContext::new(v, RngConfig::philox(1))).unwrap();
+                    let mut stages = chain.stages().to_vec();
+                    let want = array_path(&mut stages, &row).unwrap();
+                    let got = chain.apply(&row).unwrap().clone();
+                    fast += matches!(chain.last_path(), Path::Fast(_)) as usize;
+                    same(&got, &want).unwrap_or_else(|e| panic!("{spec} {kind:?} x{scale} V={v}: {e}"));
+                }
+            }
+        }
+    }
+    eprintln!("top_p on large rows: {fast} of 240 took the fast path");
+    assert!(fast >= 100, "only {fast} of 240");
+}
