@@ -5,6 +5,8 @@ mod args;
 mod cmd;
 mod error;
 mod input;
+#[cfg(feature = "model")]
+mod model;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -28,6 +30,9 @@ fn main() -> ExitCode {
     let result = std::panic::catch_unwind(|| match &cli.command {
         args::Command::Apply(a) => cmd::apply::run(a),
         args::Command::Sample(a) => cmd::sample::run(a),
+        args::Command::Generate(a) => cmd::generate::run(a),
+        args::Command::Explain(a) => cmd::explain::run(a),
+        args::Command::Bench(a) => cmd::bench::run(a),
     });
     match result {
         Ok(Ok(())) => ExitCode::SUCCESS,

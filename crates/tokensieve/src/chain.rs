@@ -2,6 +2,7 @@
 //! state (penalty windows, mirostat's `mu`, RNG streams) and a reusable candidate buffer.
 
 use crate::candidates::Candidates;
+use crate::convention::llama_cpp::dense::{self, Need, Prepared};
 use crate::error::{Error, Result};
 use crate::logits::Logits;
 use crate::logprobs::{self, LogprobsMode, Sampled, TokenLogprob};
@@ -19,6 +20,14 @@ use crate::sampler::{self, BuildContext, Sampler, Stage};
 /// `clone` copies the sequence state (RNG included) but not the candidate buffer, so forking
 /// a sequence is cheap.
 ///
+/// Speed: the row is read in place. When the chain (after any leading `penalties` /
+/// `logit_bias`) starts with `top_k`, `min_p` or `top_p`, that stage runs on the row directly
+/// and only its survivors are ever copied; `sample` also selects straight from the row for
+/// `greedy` and `[temperature;] dist` chains. The result is always the one the candidate-array
+/// path gives (see [`convention::llama_cpp::dense`](crate::convention::llama_cpp::dense)), with
+/// one visible difference: after such a direct `sample`, [`Chain::candidates`] holds only the
+/// selected candidate.
+///
 /// ```
 /// use tokensieve::{Chain, RngConfig, sampler::BuildContext};
 /// let row = [0.1f32, 2.0, 1.5, -1.0];
@@ -32,11 +41,17 @@ pub struct Chain {
     stages: Vec<Stage>,
     candidates: Candidates,
     n_accepted: u64,
+    dense: dense::Scratch,
 }
 
 impl Clone for Chain {
     fn clone(&self) -> Self {
-        Chain { stages: self.stages.clone(), candidates: Candidates::new(), n_accepted: self.n_accepted }
+        Chain {
+            stages: self.stages.clone(),
+            candidates: Candidates::new(),
+            n_accepted: self.n_accepted,
+            dense: dense::Scratch::default(),
+        }
     }
 }
 
@@ -67,10 +82,11 @@ impl Chain {
                 pos + 1
             )));
         }
-        Ok(Chain { stages, candidates: Candidates::new(), n_accepted: 0 })
+        Ok(Chain { stages, candidates: Candidates::new(), n_accepted: 0, dense: dense::Scratch::default() })
     }
 
-    /// Parses a spec string (llama.cpp convention) into a sampling chain.
+    /// Parses a spec string into a sampling chain, under the convention of `ctx`
+    /// ([`BuildContext::convention`], llama.cpp unless set).
     pub fn from_spec(spec: &str, ctx: &BuildContext<'_>) -> Result<Self> {
         Self::new(Self::build_stages(spec, ctx)?)
     }
@@ -81,7 +97,7 @@ impl Chain {
     }
 
     fn build_stages(spec: &str, ctx: &BuildContext<'_>) -> Result<Vec<Stage>> {
-        spec::parse(spec)?.iter().map(|s| sampler::build_llama_cpp(s, ctx)).collect()
+        spec::parse(spec)?.iter().map(|s| sampler::build(s, ctx)).collect()
     }
 
     /// The stages in order.
@@ -102,16 +118,26 @@ impl Chain {
     /// Runs every stage once on a fresh candidate set built from `row` (llama.cpp's
     /// `llama_sampler_apply` on the array `llama_sampler_sample` builds). Accepts nothing.
     pub fn apply<'a>(&mut self, row: impl Into<Logits<'a>>) -> Result<&Candidates> {
-        self.candidates.fill(row.into())?;
-        for stage in &mut self.stages {
+        self.run(row.into(), Need::Candidates)?;
+        Ok(&self.candidates)
+    }
+
+    /// Builds the candidates from `row` (in place where a fast path applies) and runs the
+    /// stages; `Some(token)` when a selecting stage chose straight from the row.
+    fn run(&mut self, row: Logits<'_>, need: Need) -> Result<Option<u32>> {
+        let applied = match dense::prepare(&mut self.stages, row, &mut self.candidates, &mut self.dense, need)? {
+            Prepared::Selected(token) => return Ok(Some(token)),
+            Prepared::Built { applied } => applied,
+        };
+        for stage in &mut self.stages[applied..] {
             stage.apply(&mut self.candidates)?;
         }
-        Ok(&self.candidates)
+        Ok(None)
     }
 
     /// Samples one token from `row` and accepts it (llama.cpp's `llama_sampler_sample`).
     pub fn sample<'a>(&mut self, row: impl Into<Logits<'a>>) -> Result<u32> {
-        let token = self.select(row.into())?;
+        let token = self.select(row.into(), Need::Token)?;
         self.accept(token);
         Ok(token)
     }
@@ -140,20 +166,24 @@ impl Chain {
         top_logprobs: &mut Vec<TokenLogprob>,
     ) -> Result<(u32, f32)> {
         let row = row.into();
-        let token = self.select(row)?;
+        let need = if mode == LogprobsMode::Processed { Need::Candidates } else { Need::Token };
+        let token = self.select(row, need)?;
         let logprob = match mode {
-            LogprobsMode::Raw => logprobs::raw(row, token, top_n, top_logprobs),
+            LogprobsMode::Raw => dense::raw_logprobs(row, token, top_n, top_logprobs, &mut self.dense)
+                .unwrap_or_else(|| logprobs::raw(row, token, top_n, top_logprobs)),
             LogprobsMode::Processed => logprobs::processed(&self.candidates, token, top_n, top_logprobs),
         };
         self.accept(token);
         Ok((token, logprob))
     }
 
-    fn select(&mut self, row: Logits<'_>) -> Result<u32> {
+    fn select(&mut self, row: Logits<'_>, need: Need) -> Result<u32> {
         if !self.selects() {
             return Err(Error::chain("this chain was built for `apply` and has no selecting stage"));
         }
-        self.apply(row)?;
+        if let Some(token) = self.run(row, need)? {
+            return Ok(token);
+        }
         self.candidates.selected_token().ok_or_else(|| {
             Error::internal(format!(
                 "the selecting stage `{}` did not select a token",
@@ -179,9 +209,49 @@ impl Chain {
         self.n_accepted = 0;
     }
 
-    /// The candidates left by the last `apply`/`sample`.
+    /// Which path the last `apply`/`sample` took: the candidate array, or a stage's in-place
+    /// fast path (see [`convention::llama_cpp::dense`](crate::convention::llama_cpp::dense)).
+    /// For tests and benchmarks.
+    #[doc(hidden)]
+    pub fn last_path(&self) -> dense::Path {
+        self.dense.path
+    }
+
+    /// The candidates left by the last `apply`/`sample` (after a `sample` that selected
+    /// straight from the row, only the selected candidate; see the type's docs).
     pub fn candidates(&self) -> &Candidates {
         &self.candidates
+    }
+}
+
+/// Watching a chain work, stage by stage (`tokensieve explain`).
+impl Chain {
+    /// [`Chain::apply`], calling `observe(index, stage, candidates)` after each stage with the
+    /// candidates that stage left. The stages run exactly as in `apply` (same state, same
+    /// draws); nothing is accepted. Note that under the llama.cpp convention the `p` fields
+    /// are stale unless the stage recomputed them: derive probabilities from the logits.
+    ///
+    /// ```
+    /// use tokensieve::{Chain, RngConfig, sampler::BuildContext};
+    /// let row = [0.1f32, 2.0, 1.5, -1.0];
+    /// let ctx = BuildContext::new(row.len(), RngConfig::philox(0));
+    /// let mut chain = Chain::from_spec("top_k(2);greedy", &ctx).unwrap();
+    /// let mut sizes = Vec::new();
+    /// chain.apply_observed(&row, |_, _, c| sizes.push(c.len())).unwrap();
+    /// assert_eq!(sizes, [2, 2]);
+    /// assert_eq!(chain.candidates().selected_token(), Some(1));
+    /// ```
+    pub fn apply_observed<'a>(
+        &mut self,
+        row: impl Into<Logits<'a>>,
+        mut observe: impl FnMut(usize, &Stage, &Candidates),
+    ) -> Result<&Candidates> {
+        self.candidates.fill(row.into())?;
+        for (index, stage) in self.stages.iter_mut().enumerate() {
+            stage.apply(&mut self.candidates)?;
+            observe(index, stage, &self.candidates);
+        }
+        Ok(&self.candidates)
     }
 }
 
@@ -232,5 +302,26 @@ mod tests {
         assert!(c.sample(&[f32::NEG_INFINITY; 4]).unwrap_err().is_no_candidates());
         assert_eq!(c.n_accepted(), 0);
         assert_eq!(c.sample(&[0.0f32, 1.0]).unwrap(), 1);
+    }
+
+    #[test]
+    fn apply_observed_sees_every_stage_and_matches_apply() {
+        let row: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let build = || {
+            Chain::new([
+                Stage::from(TopK::new(10)),
+                Stage::from(crate::sampler::temperature::Temperature::new(0.7).unwrap()),
+                Stage::from(Dist::new(RngConfig::philox(3)).unwrap()),
+            ])
+            .unwrap()
+        };
+        let (mut a, mut b) = (build(), build());
+        let mut seen = Vec::new();
+        let observed = a.apply_observed(&row, |i, s, c| seen.push((i, s.name(), c.len()))).unwrap().clone();
+        assert_eq!(seen, [(0, "top-k", 10), (1, "temp", 10), (2, "dist", 10)]);
+        let applied = b.apply(&row).unwrap();
+        assert_eq!(observed.as_slice(), applied.as_slice());
+        assert_eq!(observed.selected_token(), applied.selected_token());
+        assert_eq!(a.n_accepted(), 0);
     }
 }

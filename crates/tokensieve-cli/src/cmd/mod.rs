@@ -1,4 +1,8 @@
 //! The subcommands.
 
 pub mod apply;
+pub mod bench;
+pub mod explain;
+pub mod generate;
 pub mod sample;
+pub mod svg;
