@@ -12,7 +12,7 @@ use crate::candidates::Candidates;
 use crate::convention::transformers::ensure_dense;
 use crate::error::Result;
 use crate::params::spec::Bound;
-use crate::sampler::{require_finite_candidate, BuildContext, FromSpec, Sampler};
+use crate::sampler::{BuildContext, FromSpec, Sampler};
 
 /// Argmax selection, lowest id on ties.
 ///
@@ -31,17 +31,10 @@ impl Sampler for Greedy {
     }
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
+        // In vocabulary order, the first maximum in array order is the lowest id among the
+        // maxima: exactly llama.cpp's greedy scan.
         ensure_dense(c);
-        require_finite_candidate("greedy", c)?;
-        let data = c.as_slice();
-        let mut best = 0;
-        for i in 1..data.len() {
-            if data[i].logit > data[best].logit {
-                best = i;
-            }
-        }
-        c.set_selected(Some(best));
-        Ok(())
+        crate::sampler::greedy::Greedy.apply(c)
     }
 
     fn selects(&self) -> bool {
