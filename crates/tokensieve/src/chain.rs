@@ -2,6 +2,7 @@
 //! state (penalty windows, mirostat's `mu`, RNG streams) and a reusable candidate buffer.
 
 use crate::candidates::Candidates;
+use crate::constraint::{Constraint, ConstraintMode, Slot};
 use crate::convention::llama_cpp::dense::{self, Need, Prepared};
 use crate::error::{Error, Result};
 use crate::logits::Logits;
@@ -42,6 +43,7 @@ pub struct Chain {
     candidates: Candidates,
     n_accepted: u64,
     dense: dense::Scratch,
+    constraint: Option<Slot>,
 }
 
 impl Clone for Chain {
@@ -51,6 +53,7 @@ impl Clone for Chain {
             candidates: Candidates::new(),
             n_accepted: self.n_accepted,
             dense: dense::Scratch::default(),
+            constraint: self.constraint.clone(),
         }
     }
 }
@@ -82,7 +85,7 @@ impl Chain {
                 pos + 1
             )));
         }
-        Ok(Chain { stages, candidates: Candidates::new(), n_accepted: 0, dense: dense::Scratch::default() })
+        Ok(Chain { stages, candidates: Candidates::new(), n_accepted: 0, dense: dense::Scratch::default(), constraint: None })
     }
 
     /// Parses a spec string into a sampling chain, under the convention of `ctx`
@@ -118,8 +121,48 @@ impl Chain {
     /// Runs every stage once on a fresh candidate set built from `row` (llama.cpp's
     /// `llama_sampler_apply` on the array `llama_sampler_sample` builds). Accepts nothing.
     pub fn apply<'a>(&mut self, row: impl Into<Logits<'a>>) -> Result<&Candidates> {
-        self.run(row.into(), Need::Candidates)?;
+        let row = row.into();
+        if self.constraint_active() {
+            self.run_masked(row, Need::Candidates)?;
+        } else {
+            self.run(row, Need::Candidates)?;
+        }
         Ok(&self.candidates)
+    }
+
+    /// Puts a constraint (a grammar) in front of every stage; see [`ConstraintMode`] for how
+    /// the two combine. Tokens sampled by [`Chain::sample`] are accepted by the constraint
+    /// too; [`Chain::accept`] (history, prompt) is not passed to it.
+    pub fn with_constraint(mut self, constraint: Box<dyn Constraint>, mode: ConstraintMode) -> Self {
+        self.constraint = Some(Slot { inner: constraint, mode, mask: Vec::new(), row: Vec::new() });
+        self
+    }
+
+    /// The constraint, if any.
+    pub fn constraint(&self) -> Option<&dyn Constraint> {
+        self.constraint.as_ref().map(|s| s.inner.as_ref())
+    }
+
+    /// The constraint, mutably (to feed it tokens chosen elsewhere).
+    pub fn constraint_mut(&mut self) -> Option<&mut (dyn Constraint + 'static)> {
+        self.constraint.as_mut().map(|s| s.inner.as_mut())
+    }
+
+    fn constraint_active(&self) -> bool {
+        self.constraint.as_ref().is_some_and(|s| s.inner.is_active())
+    }
+
+    /// Masks `row` with the constraint, then runs the stages on the masked copy.
+    fn run_masked(&mut self, row: Logits<'_>, need: Need) -> Result<Option<u32>> {
+        row.validate()?;
+        let Some(slot) = self.constraint.as_mut() else { return self.run(row, need) };
+        slot.mask_row(row)?;
+        let masked = std::mem::take(&mut slot.row);
+        let result = self.run(Logits::F32(&masked), need);
+        if let Some(slot) = self.constraint.as_mut() {
+            slot.row = masked;
+        }
+        result
     }
 
     /// Builds the candidates from `row` (in place where a fast path applies) and runs the
@@ -138,8 +181,18 @@ impl Chain {
     /// Samples one token from `row` and accepts it (llama.cpp's `llama_sampler_sample`).
     pub fn sample<'a>(&mut self, row: impl Into<Logits<'a>>) -> Result<u32> {
         let token = self.select(row.into(), Need::Token)?;
-        self.accept(token);
+        self.accept_sampled(token)?;
         Ok(token)
+    }
+
+    /// Accepts a sampled token: the constraint first (an error there leaves every stage
+    /// untouched), then every stage.
+    fn accept_sampled(&mut self, token: u32) -> Result<()> {
+        if let Some(slot) = self.constraint.as_mut() {
+            slot.inner.accept(token)?;
+        }
+        self.accept(token);
+        Ok(())
     }
 
     /// Samples one token and reports its logprob and the `top_n` most likely alternatives,
@@ -173,7 +226,7 @@ impl Chain {
                 .unwrap_or_else(|| logprobs::raw(row, token, top_n, top_logprobs)),
             LogprobsMode::Processed => logprobs::processed(&self.candidates, token, top_n, top_logprobs),
         };
-        self.accept(token);
+        self.accept_sampled(token)?;
         Ok((token, logprob))
     }
 
@@ -181,7 +234,25 @@ impl Chain {
         if !self.selects() {
             return Err(Error::chain("this chain was built for `apply` and has no selecting stage"));
         }
-        if let Some(token) = self.run(row, need)? {
+        if self.constraint_active() {
+            let mode = self.constraint.as_ref().map_or(ConstraintMode::MaskFirst, |s| s.mode);
+            if mode == ConstraintMode::Rejection {
+                // llama.cpp's fast mode: sample unconstrained, check only the chosen token.
+                let token = match self.run(row, need)? {
+                    Some(token) => Some(token),
+                    None => self.candidates.selected_token(),
+                };
+                if let Some(token) = token {
+                    let slot = self.constraint.as_mut().expect("active");
+                    if slot.inner.allows(token)? {
+                        return Ok(token);
+                    }
+                }
+            }
+            if let Some(token) = self.run_masked(row, need)? {
+                return Ok(token);
+            }
+        } else if let Some(token) = self.run(row, need)? {
             return Ok(token);
         }
         self.candidates.selected_token().ok_or_else(|| {
@@ -205,6 +276,9 @@ impl Chain {
     pub fn reset(&mut self) {
         for stage in &mut self.stages {
             stage.reset();
+        }
+        if let Some(slot) = self.constraint.as_mut() {
+            slot.inner.reset();
         }
         self.n_accepted = 0;
     }
@@ -246,7 +320,20 @@ impl Chain {
         row: impl Into<Logits<'a>>,
         mut observe: impl FnMut(usize, &Stage, &Candidates),
     ) -> Result<&Candidates> {
-        self.candidates.fill(row.into())?;
+        let row = row.into();
+        if self.constraint_active() {
+            let slot = self.constraint.as_mut().expect("active");
+            row.validate()?;
+            slot.mask_row(row)?;
+            let masked = std::mem::take(&mut slot.row);
+            let filled = self.candidates.fill(Logits::F32(&masked));
+            if let Some(slot) = self.constraint.as_mut() {
+                slot.row = masked;
+            }
+            filled?;
+        } else {
+            self.candidates.fill(row)?;
+        }
         for (index, stage) in self.stages.iter_mut().enumerate() {
             stage.apply(&mut self.candidates)?;
             observe(index, stage, &self.candidates);

@@ -90,6 +90,7 @@ pub mod batch;
 pub mod bench_rows;
 pub mod candidates;
 pub mod chain;
+pub mod constraint;
 pub mod convention;
 mod error;
 pub mod logits;
@@ -101,6 +102,7 @@ pub mod stdsort;
 
 pub use candidates::{Candidates, TokenData};
 pub use chain::Chain;
+pub use constraint::{Constraint, ConstraintMode};
 pub use convention::Convention;
 pub use error::{Error, Result};
 pub use logits::{Logits, LogitsBatch};

@@ -1,0 +1,289 @@
+//! Token masks: which tokens the grammar allows next, as a packed `u32` bitmask (`ceil(V/32)`
+//! words, bit `i % 32` of word `i / 32` set = token `i` allowed), and applying one to a row.
+//!
+//! How a mask is computed, fastest first:
+//! 1. A parse state is a set of stacks and a token is allowed when *some* stack accepts it, so
+//!    the mask of a state is the OR of its stacks' masks. Each stack's mask is memoised (a JSON
+//!    document keeps coming back to the same stacks: inside a string, after a comma, …).
+//! 2. A stack seen for the first time is split: its top [`MaskCache::depth`] frames (the
+//!    *context-independent* part, XGrammar's term) are looked up in a second cache that holds
+//!    the tokens accepted whatever lies below those frames, plus the short list of tokens that
+//!    reach below them ("uncertain"). Only the uncertain tokens are checked against the real
+//!    stack, one by one. Frames near the top recur across many stacks (every JSON string has
+//!    the same top frames), so this cache is filled a few times per grammar.
+//! 3. Filling that cache walks the vocabulary's byte trie depth-first, carrying the parse
+//!    state down the path (transitions are memoised, so a step is a table lookup) and skipping
+//!    a whole subtree at the first byte no stack accepts.
+//!
+//! Every path is checked against [`Engine::token_verdict`], the token-by-token definition
+//! that follows llama.cpp's `llama_grammar_reject_candidates`.
+
+use rustc_hash::FxHashMap;
+
+use crate::engine::{Decoded, Engine, Utf8, Verdict, DEAD, EMPTY};
+use crate::error::{Error, Result};
+use crate::trie::TokenIndex;
+
+/// How many cached per-stack masks (and per-frame entries) to keep before starting over.
+const MAX_CACHED: usize = 2048;
+
+/// Cached partial masks of one (grammar, vocabulary) pair.
+#[derive(Debug)]
+pub(crate) struct MaskCache {
+    /// How many top frames of a stack key the context-independent cache.
+    pub depth: usize,
+    by_stack: FxHashMap<u32, Box<[u32]>>,
+    by_frames: FxHashMap<u32, Frames>,
+    frames_scratch: Vec<u32>,
+    walk: Vec<WalkFrame>,
+    /// Statistics for benchmarks: (stack hits, stack misses, frame misses).
+    pub stats: (u64, u64, u64),
+}
+
+#[derive(Debug)]
+struct Frames {
+    accept: Box<[u32]>,
+    uncertain: Box<[u32]>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct WalkFrame {
+    set: u32,
+    dec: Utf8,
+    uncertain: bool,
+}
+
+impl Default for MaskCache {
+    fn default() -> Self {
+        Self::with_depth(3)
+    }
+}
+
+impl MaskCache {
+    pub fn with_depth(depth: usize) -> Self {
+        MaskCache {
+            depth,
+            by_stack: FxHashMap::default(),
+            by_frames: FxHashMap::default(),
+            frames_scratch: Vec::new(),
+            walk: Vec::new(),
+            stats: (0, 0, 0),
+        }
+    }
+}
+
+#[inline]
+fn set_bit(mask: &mut [u32], token: u32) {
+    mask[(token / 32) as usize] |= 1 << (token % 32);
+}
+
+/// True when bit `token` of `mask` is set (false outside the mask).
+#[inline]
+pub fn is_allowed(mask: &[u32], token: u32) -> bool {
+    mask.get((token / 32) as usize).is_some_and(|w| w >> (token % 32) & 1 == 1)
+}
+
+/// Sets `row[i] = -inf` for every token `i` whose bit is clear (llama.cpp's grammar `apply`,
+/// XGrammar's `apply_token_bitmask_inplace`); the same function as
+/// [`tokensieve::constraint::apply_bitmask`], usable on any backend's host copy of a row.
+///
+/// ```
+/// use tokensieve_grammar::apply_bitmask;
+/// let mut row = [1.0f32, 2.0, 3.0, 4.0];
+/// apply_bitmask(&mut row, &[0b0101]);
+/// assert_eq!(row, [1.0, f32::NEG_INFINITY, 3.0, f32::NEG_INFINITY]);
+/// ```
+pub use tokensieve::constraint::apply_bitmask;
+
+/// Writes the mask of the state (`set`, `utf8`) into `out` (cleared first).
+pub(crate) fn fill(
+    engine: &mut Engine,
+    cache: &mut MaskCache,
+    index: &TokenIndex,
+    set: u32,
+    utf8: Utf8,
+    out: &mut [u32],
+) -> Result<()> {
+    if out.len() != index.words() {
+        return Err(Error::token(format!(
+            "the mask buffer has {} words; a vocabulary of {} tokens needs {}",
+            out.len(),
+            index.len(),
+            index.words()
+        )));
+    }
+    out.fill(0);
+    engine.reset_budget();
+    if utf8.is_pending() || engine.has_token_top(set) {
+        // After a token that ended inside a character, or with token elements on top: walk
+        // the whole state (rare; not cached).
+        let mut uncertain = Vec::new();
+        walk(engine, cache, index, set, utf8, out, &mut uncertain)?;
+    } else {
+        let stacks: Vec<u32> = engine.set_members(set).iter().copied().filter(|&s| s != EMPTY).collect();
+        for stack in stacks {
+            or_stack_mask(engine, cache, index, stack, out)?;
+        }
+    }
+    let complete = engine.has_empty(set);
+    for &t in index.eog_tokens() {
+        if complete {
+            set_bit(out, t);
+        }
+    }
+    Ok(())
+}
+
+fn or_stack_mask(
+    engine: &mut Engine,
+    cache: &mut MaskCache,
+    index: &TokenIndex,
+    stack: u32,
+    out: &mut [u32],
+) -> Result<()> {
+    if let Some(mask) = cache.by_stack.get(&stack) {
+        cache.stats.0 += 1;
+        or_into(out, mask);
+        return Ok(());
+    }
+    cache.stats.1 += 1;
+    let mut frames = std::mem::take(&mut cache.frames_scratch);
+    let key = engine.truncate(stack, cache.depth, &mut frames);
+    cache.frames_scratch = frames;
+    let key = key?;
+    if !cache.by_frames.contains_key(&key) {
+        cache.stats.2 += 1;
+        let set = engine.singleton(key)?;
+        let mut accept = vec![0u32; index.words()];
+        let mut uncertain = Vec::new();
+        walk(engine, cache, index, set, Utf8::default(), &mut accept, &mut uncertain)?;
+        if cache.by_frames.len() >= MAX_CACHED {
+            cache.by_frames.clear();
+        }
+        cache.by_frames.insert(key, Frames { accept: accept.into(), uncertain: uncertain.into() });
+    }
+    let entry = &cache.by_frames[&key];
+    let mut mask = entry.accept.clone();
+    if !entry.uncertain.is_empty() {
+        let uncertain = entry.uncertain.clone();
+        let set = engine.singleton(stack)?;
+        for &t in uncertain.iter() {
+            if engine.token_verdict(set, Utf8::default(), t, index.token_bytes(t))? == Verdict::Accept {
+                set_bit(&mut mask, t);
+            }
+        }
+    }
+    or_into(out, &mask);
+    if cache.by_stack.len() >= MAX_CACHED {
+        cache.by_stack.clear();
+    }
+    cache.by_stack.insert(stack, mask);
+    Ok(())
+}
+
+fn or_into(out: &mut [u32], mask: &[u32]) {
+    for (o, m) in out.iter_mut().zip(mask) {
+        *o |= m;
+    }
+}
+
+/// Depth-first walk of the token trie from `set`: sets the bits of accepted tokens in
+/// `accept` and lists the tokens whose fate depends on frames below a truncated stack.
+fn walk(
+    engine: &mut Engine,
+    cache: &mut MaskCache,
+    index: &TokenIndex,
+    set: u32,
+    start: Utf8,
+    accept: &mut [u32],
+    uncertain: &mut Vec<u32>,
+) -> Result<()> {
+    let trie = &index.trie;
+    let mut frames = std::mem::take(&mut cache.walk);
+    frames.clear();
+    frames.resize(trie.max_depth + 1, WalkFrame::default());
+    frames[0] = WalkFrame { set, dec: start.carry(), uncertain: false };
+    let n = trie.byte.len();
+    let mut i = 0;
+    let result = (|| {
+        while i < n {
+            let depth = trie.depth[i] as usize;
+            let parent = frames[depth - 1];
+            let mut frame = parent;
+            let mut dec = parent.dec;
+            match dec.step(trie.byte[i]) {
+                Decoded::Invalid => {
+                    i = trie.end[i] as usize;
+                    continue;
+                }
+                Decoded::Pending => {}
+                Decoded::Char(cp) => {
+                    if engine.has_token_top(parent.set) {
+                        // A token element on top: the token id decides; check each one.
+                        for &t in trie.tokens_under(i) {
+                            match engine.token_verdict(set, start, t, index.token_bytes(t))? {
+                                Verdict::Accept => set_bit(accept, t),
+                                Verdict::Uncertain => uncertain.push(t),
+                                Verdict::Reject => {}
+                            }
+                        }
+                        i = trie.end[i] as usize;
+                        continue;
+                    }
+                    if engine.has_bottom(parent.set) {
+                        frame.uncertain = true;
+                    }
+                    frame.set = engine.step(parent.set, cp)?;
+                    if frame.set == DEAD {
+                        if frame.uncertain {
+                            uncertain.extend_from_slice(trie.tokens_under(i));
+                        }
+                        i = trie.end[i] as usize;
+                        continue;
+                    }
+                }
+            }
+            frame.dec = dec;
+            frames[depth] = frame;
+            let here = trie.tokens_at(i);
+            if !here.is_empty() {
+                let verdict = if !dec.is_pending() {
+                    Verdict::Accept
+                } else {
+                    match engine.partial_verdict(frame.set, dec) {
+                        Verdict::Reject if frame.uncertain => Verdict::Uncertain,
+                        v => v,
+                    }
+                };
+                match verdict {
+                    Verdict::Accept => here.iter().for_each(|&t| set_bit(accept, t)),
+                    Verdict::Uncertain => uncertain.extend_from_slice(here),
+                    Verdict::Reject => {}
+                }
+            }
+            i += 1;
+        }
+        Ok(())
+    })();
+    cache.walk = frames;
+    result
+}
+
+/// The mask computed token by token with [`Engine::token_verdict`]: the slow, obvious
+/// definition the fast paths are tested against.
+pub(crate) fn fill_naive(engine: &mut Engine, index: &TokenIndex, set: u32, utf8: Utf8, out: &mut [u32]) -> Result<()> {
+    out.fill(0);
+    let complete = engine.has_empty(set);
+    for t in 0..index.len() as u32 {
+        let allowed = if index.is_eog(t) {
+            complete
+        } else {
+            let bytes = index.token_bytes(t);
+            !bytes.is_empty() && engine.token_verdict(set, utf8, t, bytes)? == Verdict::Accept
+        };
+        if allowed {
+            set_bit(out, t);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,235 @@
+//! [`TokenIndex`]: a vocabulary prepared for mask computation: each token's bytes as the
+//! grammar sees them, the end-of-generation set, and a byte trie of all tokens flattened in
+//! depth-first order (built once per vocabulary and shared by every grammar and sequence).
+
+/// A vocabulary indexed for grammar masks.
+///
+/// Token text follows llama.cpp's grammar sampler: the bytes `token_to_piece(special = true)`
+/// gives, cut at the first NUL byte (llama.cpp reads them as C strings). Tokens whose text is
+/// then empty are never allowed; end-of-generation tokens are allowed exactly when the parse
+/// is complete and are never matched as text.
+///
+/// ```
+/// use tokensieve_grammar::TokenIndex;
+/// let index = TokenIndex::new([b"a".as_slice(), b"ab", b"", b"</s>"], &[3]);
+/// assert_eq!(index.len(), 4);
+/// assert_eq!(index.words(), 1);
+/// assert!(index.is_eog(3));
+/// ```
+#[derive(Debug)]
+pub struct TokenIndex {
+    n_vocab: usize,
+    /// Token bytes, back to back (NUL-truncated), and offsets (`n_vocab + 1`).
+    bytes: Vec<u8>,
+    offsets: Vec<u32>,
+    eog: Vec<u32>,
+    is_eog: Vec<bool>,
+    pub(crate) trie: Trie,
+}
+
+/// The byte trie in depth-first order: node `i`'s subtree is `i..end[i]`; its children start
+/// at `i + 1`. The root is implicit (depth 0).
+#[derive(Debug, Default)]
+pub(crate) struct Trie {
+    pub byte: Vec<u8>,
+    pub depth: Vec<u32>,
+    pub end: Vec<u32>,
+    /// Tokens ending at node `i`: `tokens[tok_off[i]..tok_off[i + 1]]`.
+    pub tok_off: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub max_depth: usize,
+}
+
+impl TokenIndex {
+    /// Indexes `tokens` (the byte string of token id `i` at position `i`) with the given
+    /// end-of-generation ids (ids outside the vocabulary are ignored).
+    pub fn new<'a>(tokens: impl IntoIterator<Item = &'a [u8]>, eog: &[u32]) -> Self {
+        let mut bytes = Vec::new();
+        let mut offsets = vec![0u32];
+        for t in tokens {
+            let t = t.iter().position(|&b| b == 0).map_or(t, |nul| &t[..nul]);
+            bytes.extend_from_slice(t);
+            offsets.push(bytes.len() as u32);
+        }
+        let n_vocab = offsets.len() - 1;
+        let mut is_eog = vec![false; n_vocab];
+        let mut eog_list = Vec::new();
+        for &e in eog {
+            if let Some(flag) = is_eog.get_mut(e as usize) {
+                if !*flag {
+                    *flag = true;
+                    eog_list.push(e);
+                }
+            }
+        }
+        eog_list.sort_unstable();
+        let mut index = TokenIndex { n_vocab, bytes, offsets, eog: eog_list, is_eog, trie: Trie::default() };
+        index.trie = index.build_trie();
+        index
+    }
+
+    /// Indexes a loaded vocabulary (its token bytes and end-of-generation set).
+    pub fn from_vocab(vocab: &crate::vocab::Vocab) -> Self {
+        Self::new(vocab.iter(), vocab.eog_tokens())
+    }
+
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.n_vocab
+    }
+
+    /// True for an empty vocabulary.
+    pub fn is_empty(&self) -> bool {
+        self.n_vocab == 0
+    }
+
+    /// Words in a mask: `ceil(len / 32)`.
+    pub fn words(&self) -> usize {
+        self.n_vocab.div_ceil(32)
+    }
+
+    /// The text of `token` as the grammar sees it (empty for ids outside the vocabulary).
+    pub fn token_bytes(&self, token: u32) -> &[u8] {
+        let t = token as usize;
+        if t >= self.n_vocab {
+            return &[];
+        }
+        &self.bytes[self.offsets[t] as usize..self.offsets[t + 1] as usize]
+    }
+
+    /// True for end-of-generation tokens.
+    pub fn is_eog(&self, token: u32) -> bool {
+        self.is_eog.get(token as usize).copied().unwrap_or(false)
+    }
+
+    /// The end-of-generation tokens, ascending.
+    pub fn eog_tokens(&self) -> &[u32] {
+        &self.eog
+    }
+
+    /// Splits `text` into tokens by greedy longest match over the vocabulary (not a model's
+    /// real tokenisation, but a valid token sequence for the same bytes: benchmarks and tests
+    /// walk documents with it). `None` when some byte starts no token.
+    pub fn greedy_tokenize(&self, text: &[u8]) -> Option<Vec<u32>> {
+        let trie = &self.trie;
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < text.len() {
+            let (mut best, mut best_len) = (None, 0);
+            // Children of the root: nodes at depth 1, siblings linked by `end`.
+            let (mut lo, mut hi) = (0usize, trie.byte.len());
+            let mut depth = 0;
+            while at + depth < text.len() {
+                let b = text[at + depth];
+                let mut child = lo;
+                while child < hi && trie.byte[child] != b {
+                    child = trie.end[child] as usize;
+                }
+                if child >= hi {
+                    break;
+                }
+                depth += 1;
+                if let Some(&t) = trie.tokens_at(child).first() {
+                    best = Some(t);
+                    best_len = depth;
+                }
+                lo = child + 1;
+                hi = trie.end[child] as usize;
+            }
+            out.push(best?);
+            at += best_len;
+        }
+        Some(out)
+    }
+
+    /// Number of nodes in the token trie.
+    pub fn trie_nodes(&self) -> usize {
+        self.trie.byte.len()
+    }
+
+    fn build_trie(&self) -> Trie {
+        let mut ids: Vec<u32> = (0..self.n_vocab as u32)
+            .filter(|&t| !self.is_eog[t as usize] && !self.token_bytes(t).is_empty())
+            .collect();
+        ids.sort_by(|&a, &b| self.token_bytes(a).cmp(self.token_bytes(b)).then(a.cmp(&b)));
+        let mut trie = Trie::default();
+        // `path[d]` = node index at depth d + 1 on the current path.
+        let mut path: Vec<u32> = Vec::new();
+        let mut prev: &[u8] = &[];
+        let mut pending: Vec<(u32, u32)> = Vec::new(); // (node, token)
+        for &id in &ids {
+            let text = self.token_bytes(id);
+            let common = prev.iter().zip(text).take_while(|(a, b)| a == b).count();
+            path.truncate(common);
+            for (d, &b) in text.iter().enumerate().skip(common) {
+                let node = trie.byte.len() as u32;
+                trie.byte.push(b);
+                trie.depth.push(d as u32 + 1);
+                path.push(node);
+            }
+            pending.push((*path.last().expect("tokens are not empty"), id));
+            trie.max_depth = trie.max_depth.max(text.len());
+            prev = text;
+        }
+        let n = trie.byte.len();
+        // Subtree ends: the next node at the same or a smaller depth.
+        trie.end = vec![n as u32; n];
+        let mut open: Vec<u32> = Vec::new();
+        for i in 0..n {
+            while let Some(&top) = open.last() {
+                if trie.depth[top as usize] >= trie.depth[i] {
+                    trie.end[top as usize] = i as u32;
+                    open.pop();
+                } else {
+                    break;
+                }
+            }
+            open.push(i as u32);
+        }
+        // Tokens per node, in node order (ids sorted by text, so pending is in node order).
+        trie.tok_off = vec![0; n + 1];
+        for &(node, _) in &pending {
+            trie.tok_off[node as usize + 1] += 1;
+        }
+        for i in 0..n {
+            trie.tok_off[i + 1] += trie.tok_off[i];
+        }
+        trie.tokens = pending.iter().map(|&(_, t)| t).collect();
+        trie
+    }
+}
+
+impl Trie {
+    pub fn tokens_at(&self, node: usize) -> &[u32] {
+        &self.tokens[self.tok_off[node] as usize..self.tok_off[node + 1] as usize]
+    }
+
+    /// Every token ending in the subtree of `node`.
+    pub fn tokens_under(&self, node: usize) -> &[u32] {
+        &self.tokens[self.tok_off[node] as usize..self.tok_off[self.end[node] as usize] as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trie_is_depth_first_with_subtree_ends() {
+        let toks: Vec<&[u8]> = vec![b"ab", b"a", b"b", b"abc", b"a", b"", b"x\0y"];
+        let index = TokenIndex::new(toks, &[2]);
+        let t = &index.trie;
+        // Nodes: a(1) b(2) c(3) x(1); "b" is EOG, "" is empty: not in the trie.
+        assert_eq!(t.byte, b"abcx");
+        assert_eq!(t.depth, [1, 2, 3, 1]);
+        assert_eq!(t.end, [3, 3, 3, 4]);
+        assert_eq!(t.tokens_at(0), [1, 4]);
+        assert_eq!(t.tokens_at(1), [0]);
+        assert_eq!(t.tokens_at(3), [6]);
+        assert_eq!(t.tokens_under(0), [1, 4, 0, 3]);
+        assert_eq!(index.token_bytes(6), b"x");
+        assert_eq!(index.token_bytes(99), b"");
+        assert_eq!(index.greedy_tokenize(b"abcaxa"), Some(vec![3, 1, 6, 1]));
+        assert_eq!(index.greedy_tokenize(b"q"), None);
+    }
+}
