@@ -35,6 +35,7 @@ pub(crate) struct MaskCache {
     by_stack: FxHashMap<u32, Box<[u32]>>,
     by_frames: FxHashMap<u32, Frames>,
     frames_scratch: Vec<u32>,
+    stacks_scratch: Vec<u32>,
     walk: Vec<WalkFrame>,
     /// Statistics for benchmarks: (stack hits, stack misses, frame misses).
     pub stats: (u64, u64, u64),
@@ -66,6 +67,7 @@ impl MaskCache {
             by_stack: FxHashMap::default(),
             by_frames: FxHashMap::default(),
             frames_scratch: Vec::new(),
+            stacks_scratch: Vec::new(),
             walk: Vec::new(),
             stats: (0, 0, 0),
         }
@@ -120,10 +122,12 @@ pub(crate) fn fill(
         let mut uncertain = Vec::new();
         walk(engine, cache, index, set, utf8, out, &mut uncertain)?;
     } else {
-        let stacks: Vec<u32> = engine.set_members(set).iter().copied().filter(|&s| s != EMPTY).collect();
-        for stack in stacks {
-            or_stack_mask(engine, cache, index, stack, out)?;
-        }
+        let mut stacks = std::mem::take(&mut cache.stacks_scratch);
+        stacks.clear();
+        stacks.extend(engine.set_members(set).iter().copied().filter(|&s| s != EMPTY));
+        let result = stacks.iter().try_for_each(|&stack| or_stack_mask(engine, cache, index, stack, out));
+        cache.stacks_scratch = stacks;
+        result?;
     }
     let complete = engine.has_empty(set);
     for &t in index.eog_tokens() {

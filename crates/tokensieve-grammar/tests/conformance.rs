@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
+use tokensieve_grammar::json_schema::{json_schema_str_to_gbnf, SchemaOptions};
 use tokensieve_grammar::{gbnf, Grammar, GrammarOptions, Matcher};
 use tokensieve_testkit::golden::{goldens_required, shared_dir};
 
@@ -74,7 +75,7 @@ fn check_strings(case: &Value, grammar: &Grammar, failures: &mut Vec<String>) ->
 fn integration_cases() {
     let Some(cases) = load("grammar_integration_cases.json") else { return };
     let mut failures = Vec::new();
-    let (mut grammars, mut strings, mut schemas_skipped) = (0, 0, 0);
+    let (mut grammars, mut strings, mut schemas, mut schema_strings) = (0, 0, 0, 0);
     for case in &cases {
         let text = case["grammar"].as_str().unwrap_or("");
         let root = case.get("root_symbol").and_then(Value::as_str);
@@ -85,7 +86,13 @@ fn integration_cases() {
                 let g = build().unwrap_or_else(|e| panic!("{}: {e}", case["description"]));
                 strings += check_strings(case, &g, &mut failures);
             }
-            "json_schema" => schemas_skipped += 1,
+            "json_schema" => {
+                schemas += 1;
+                let schema = case["schema"].as_str().unwrap();
+                let gbnf = json_schema_str_to_gbnf(schema, &SchemaOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", case["description"]));
+                let g = Grammar::new(&gbnf).unwrap_or_else(|e| panic!("{}: {e}\n{gbnf}", case["description"]));
+                schema_strings += check_strings(case, &g, &mut failures);
+            }
             "grammar_build_must_fail" => {
                 if build().is_ok() {
                     failures.push(format!("built, but must fail: {text}"));
@@ -104,10 +111,12 @@ fn integration_cases() {
             kind => panic!("unknown kind {kind}"),
         }
     }
-    eprintln!("{grammars} grammars, {strings} strings checked ({schemas_skipped} schema cases run in json_schema_cases)");
+    eprintln!("{grammars} grammars with {strings} strings, {schemas} schemas with {schema_strings} strings");
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
     assert_eq!(grammars, 14);
     assert_eq!(strings, 139);
+    assert_eq!(schemas, 33);
+    assert_eq!(schema_strings, 246);
 }
 
 #[test]

@@ -6,8 +6,7 @@
 //! cargo run --release -p tokensieve-bench --bin grammar [-- --vocab PATH --json]
 //! ```
 //!
-//! The converter orders object properties as llama.cpp's does (by name), so the documents do
-//! too. Documents are split into tokens by greedy longest match over the vocabulary (a valid token
+//! Documents are split into tokens by greedy longest match over the vocabulary (a valid token
 //! sequence for the same bytes; not the model tokenizer's own split). Each document is walked
 //! twice: *cold* with a fresh matcher (nothing cached: what the first request with a new
 //! grammar costs) and *warm* with a matcher that shares the caches of earlier walks of the
@@ -17,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokensieve_grammar::json_schema::json_schema_to_gbnf;
+use tokensieve_grammar::json_schema::{json_schema_str_to_gbnf, SchemaOptions};
 use tokensieve_grammar::vocab::Vocab;
 use tokensieve_grammar::{is_allowed, Grammar, Matcher, TokenIndex};
 
@@ -40,8 +39,8 @@ fn workloads() -> Vec<(&'static str, Option<&'static str>, Vec<&'static str>)> {
                 r#"{"type": "object", "properties": {"name": {"type": "string", "enum": ["get_weather", "search_web"]}, "arguments": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer", "minimum": 1, "maximum": 14}}, "required": ["city", "unit", "days"], "additionalProperties": false}}, "required": ["name", "arguments"], "additionalProperties": false}"#,
             ),
             vec![
-                r#"{"arguments": {"city": "San Francisco", "days": 3, "unit": "celsius"}, "name": "get_weather"}"#,
-                r#"{"arguments": {"city": "Zürich", "days": 14, "unit": "fahrenheit"}, "name": "search_web"}"#,
+                r#"{"name": "get_weather", "arguments": {"city": "San Francisco", "unit": "celsius", "days": 3}}"#,
+                r#"{"name": "search_web", "arguments": {"city": "Zürich", "unit": "fahrenheit", "days": 14}}"#,
             ],
         ),
         (
@@ -50,7 +49,7 @@ fn workloads() -> Vec<(&'static str, Option<&'static str>, Vec<&'static str>)> {
                 r#"{"type": "object", "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 64}, "age": {"type": "integer", "minimum": 0}, "email": {"type": "string", "format": "email"}, "address": {"type": "object", "properties": {"street": {"type": "string"}, "city": {"type": "string"}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}, "required": ["street", "city", "zip"], "additionalProperties": false}, "phones": {"type": "array", "items": {"type": "string"}, "maxItems": 4}}, "required": ["name", "age", "address", "phones"], "additionalProperties": false}"#,
             ),
             vec![
-                r#"{"address": {"city": "London", "street": "12 St James's Square", "zip": "10001"}, "age": 36, "name": "Ada Lovelace", "phones": ["+44 20 7946 0018", "+44 20 7946 0019"]}"#,
+                r#"{"name": "Ada Lovelace", "age": 36, "address": {"street": "12 St James's Square", "city": "London", "zip": "10001"}, "phones": ["+44 20 7946 0018", "+44 20 7946 0019"]}"#,
             ],
         ),
         (
@@ -59,7 +58,7 @@ fn workloads() -> Vec<(&'static str, Option<&'static str>, Vec<&'static str>)> {
                 r#"{"type": "object", "properties": {"products": {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string"}, "price": {"type": "number"}, "in_stock": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["id", "name", "price", "in_stock", "tags"], "additionalProperties": false}}, "total": {"type": "number"}}, "required": ["products", "total"], "additionalProperties": false}"#,
             ),
             vec![
-                r#"{"products": [{"id": 1, "in_stock": true, "name": "Keyboard", "price": 49.9, "tags": ["usb", "mechanical"]}, {"id": 2, "in_stock": false, "name": "Mouse", "price": 19.5, "tags": []}, {"id": 3, "in_stock": true, "name": "Monitor 27\"", "price": 229, "tags": ["4k", "ips", "hdr"]}], "total": 298.4}"#,
+                r#"{"products": [{"id": 1, "name": "Keyboard", "price": 49.9, "in_stock": true, "tags": ["usb", "mechanical"]}, {"id": 2, "name": "Mouse", "price": 19.5, "in_stock": false, "tags": []}, {"id": 3, "name": "Monitor 27\"", "price": 229, "in_stock": true, "tags": ["4k", "ips", "hdr"]}], "total": 298.4}"#,
             ],
         ),
     ]
@@ -159,8 +158,7 @@ fn main() -> Result<(), String> {
         let text = match schema {
             None => gbnf_json.clone(),
             Some(s) => {
-                let value: serde_json::Value = serde_json::from_str(s).map_err(|e| e.to_string())?;
-                json_schema_to_gbnf(&value).map_err(|e| format!("{name}: {e}"))?
+                json_schema_str_to_gbnf(s, &SchemaOptions::default()).map_err(|e| format!("{name}: {e}"))?
             }
         };
         let grammar = Grammar::new(&text).map_err(|e| format!("{name}: {e}"))?;

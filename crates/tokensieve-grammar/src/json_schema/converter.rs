@@ -383,16 +383,10 @@ impl Converter {
         result
     }
 
+    /// Picks the rule for `schema` (llama.cpp's order of checks) and builds it. Each kind of
+    /// rule is built in its own function so that the recursion through nested schemas keeps
+    /// small stack frames.
     fn visit_node(&mut self, schema: &Json, name: &str) -> Result<String> {
-        let null = Json::Null;
-        let schema_type = schema.get("type").unwrap_or(&null);
-        let format = match schema.get("format") {
-            None => "",
-            Some(Json::Str(format)) => format.as_str(),
-            Some(other) => {
-                return Err(Error::schema(format!("\"format\" must be a string, not {}", other.type_name())));
-            }
-        };
         let rule_name = if is_reserved(name) {
             format!("{name}-")
         } else if name.is_empty() {
@@ -400,109 +394,81 @@ impl Converter {
         } else {
             name.to_owned()
         };
-        let untyped = matches!(schema_type, Json::Null);
-        let is_type = |t: &str| schema_type.as_str() == Some(t);
+        match classify(schema)? {
+            Shape::Ref(reference) => self.ref_rule(reference, &rule_name),
+            Shape::Union(alternatives) => self.union_rule(alternatives, name, &rule_name),
+            Shape::TypeUnion(types) => self.type_union_rule(schema, types, name, &rule_name),
+            Shape::Const(value) => Ok(self.const_rule(value, &rule_name)),
+            Shape::Enum(values) => Ok(self.enum_rule(values, &rule_name)),
+            Shape::Object => self.object_schema_rule(schema, name, &rule_name),
+            Shape::AllOf => self.all_of(schema, name, &rule_name),
+            Shape::Array(items) => self.array_rule(schema, items, name, &rule_name),
+            Shape::Pattern(pattern) => self.visit_pattern(pattern, &rule_name),
+            Shape::Uuid(format) => self.add_primitive(if rule_name == "root" { "root" } else { format }, "uuid"),
+            Shape::Format(format_rule, rule) => Ok(self.format_rule(format_rule, rule, &rule_name)),
+            Shape::BoundedString => self.bounded_string_rule(schema, &rule_name),
+            Shape::BoundedInteger => self.integer_rule(schema, &rule_name),
+            Shape::Primitive(kind) => self.primitive_rule(kind, &rule_name),
+            Shape::Named(kind) => self.add_primitive(if rule_name == "root" { "root" } else { kind }, kind),
+        }
+    }
 
-        if let Some(reference) = schema.get("$ref") {
-            let target = self.resolve_ref(ref_string(reference)?)?;
-            return Ok(self.add_rule(&rule_name, &target));
-        }
-        if schema.contains("oneOf") || schema.contains("anyOf") {
-            let key = if schema.contains("oneOf") { "oneOf" } else { "anyOf" };
-            let Some(Json::Array(alternatives)) = schema.get(key) else {
-                return Err(Error::schema(format!("\"{key}\" must be an array")));
-            };
-            let body = self.union(name, alternatives)?;
-            return Ok(self.add_rule(&rule_name, &body));
-        }
-        if let Json::Array(types) = schema_type {
-            let variants: Vec<Json> = types
-                .iter()
-                .map(|t| {
-                    let mut variant = schema.clone();
-                    if let Json::Object(object) = &mut variant {
-                        object.insert("type".to_owned(), t.clone());
-                    }
-                    variant
-                })
-                .collect();
-            let body = self.union(name, &variants)?;
-            return Ok(self.add_rule(&rule_name, &body));
-        }
-        if let Some(value) = schema.get("const") {
-            return Ok(self.add_rule(&rule_name, &format!("{} space", constant_rule(value))));
-        }
-        if let Some(values) = schema.get("enum") {
-            let alternatives: Vec<String> = values.elements().into_iter().map(constant_rule).collect();
-            return Ok(self.add_rule(&rule_name, &format!("({}) space", alternatives.join(" | "))));
-        }
-        let additional = schema.get("additionalProperties");
-        if (untyped || is_type("object"))
-            && (schema.contains("properties") || additional.is_some_and(|a| *a != Json::Bool(true)))
-        {
-            let mut required = HashSet::new();
-            if let Some(Json::Array(names)) = schema.get("required") {
-                required.extend(names.iter().filter_map(Json::as_str).map(str::to_owned));
-            }
-            let properties: Vec<(String, Json)> = schema
-                .get("properties")
-                .map(|p| p.items().into_iter().map(|(k, v)| (k, v.clone())).collect())
-                .unwrap_or_default();
-            let body = self.object_rule(&properties, &required, name, additional.unwrap_or(&null))?;
-            return Ok(self.add_rule(&rule_name, &body));
-        }
-        if (untyped || is_type("object") || is_type("string")) && schema.contains("allOf") {
-            return self.all_of(schema, name, &rule_name);
-        }
-        if (untyped || is_type("array")) && (schema.contains("items") || schema.contains("prefixItems")) {
-            let items = schema.get("items").or_else(|| schema.get("prefixItems")).unwrap_or(&null);
-            return self.array_rule(schema, items, name, &rule_name);
-        }
-        if (untyped || is_type("string")) && schema.contains("pattern") {
-            let Some(Json::Str(pattern)) = schema.get("pattern") else {
-                return Err(Error::schema("\"pattern\" must be a string"));
-            };
-            return self.visit_pattern(pattern, &rule_name);
-        }
-        if (untyped || is_type("string")) && is_uuid_format(format) {
-            let rule_name = if rule_name == "root" { "root" } else { format };
-            return self.add_primitive(rule_name, "uuid");
-        }
-        if untyped || is_type("string") {
-            let format_rule = format!("{format}-string");
-            if let Some(rule) = string_format(&format_rule) {
-                let target = self.add_builtin(&format_rule, rule);
-                return Ok(self.add_rule(&rule_name, &target));
-            }
-        }
-        if is_type("string") && (schema.contains("minLength") || schema.contains("maxLength")) {
-            let char_rule = self.add_primitive("char", "char")?;
-            let min = schema.get("minLength").map(|v| count_value(v, "minLength")).transpose()?.unwrap_or(0);
-            let max = schema.get("maxLength").map(|v| max_count(v, "maxLength")).transpose()?.flatten();
-            let body = format!("\"\\\"\" {} \"\\\"\" space", repetition(&char_rule, min, max, None));
-            return Ok(self.add_rule(&rule_name, &body));
-        }
-        if is_type("integer")
-            && ["minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"].iter().any(|k| schema.contains(k))
-        {
-            return self.integer_rule(schema, &rule_name);
-        }
-        if schema.is_empty_like() || is_type("object") {
-            let target = self.add_primitive("object", "object")?;
-            return Ok(self.add_rule(&rule_name, &target));
-        }
-        if untyped && schema.as_object().is_some() {
-            // Only annotations such as "description": like {}, any JSON value.
-            let target = self.add_primitive("value", "value")?;
-            return Ok(self.add_rule(&rule_name, &target));
-        }
-        match schema_type.as_str() {
-            Some(kind) if primitive(kind).is_some() => {
-                let rule_name = if rule_name == "root" { "root" } else { kind };
-                self.add_primitive(rule_name, kind)
-            }
-            _ => Err(Error::schema(format!("unrecognized schema: {}", schema.dump_short(200)))),
-        }
+    fn ref_rule(&mut self, reference: &str, rule_name: &str) -> Result<String> {
+        let target = self.resolve_ref(reference)?;
+        Ok(self.add_rule(rule_name, &target))
+    }
+
+    fn union_rule(&mut self, alternatives: &[Json], name: &str, rule_name: &str) -> Result<String> {
+        let body = self.union(name, alternatives)?;
+        Ok(self.add_rule(rule_name, &body))
+    }
+
+    /// `type: [a, b]`: the union of the schema with each type in turn.
+    fn type_union_rule(&mut self, schema: &Json, types: &[Json], name: &str, rule_name: &str) -> Result<String> {
+        let variants = type_variants(schema, types);
+        self.union_rule(&variants, name, rule_name)
+    }
+
+    #[inline(never)]
+    fn const_rule(&mut self, value: &Json, rule_name: &str) -> String {
+        self.add_rule(rule_name, &format!("{} space", constant_rule(value)))
+    }
+
+    #[inline(never)]
+    fn enum_rule(&mut self, values: &Json, rule_name: &str) -> String {
+        let alternatives: Vec<String> = values.elements().into_iter().map(constant_rule).collect();
+        self.add_rule(rule_name, &format!("({}) space", alternatives.join(" | ")))
+    }
+
+    /// An object with `properties` and/or a restricting `additionalProperties`.
+    fn object_schema_rule(&mut self, schema: &Json, name: &str, rule_name: &str) -> Result<String> {
+        let (properties, required) = object_parts(schema);
+        let additional = schema.get("additionalProperties").unwrap_or(&Json::Null);
+        let body = self.object_rule(&properties, &required, name, additional)?;
+        Ok(self.add_rule(rule_name, &body))
+    }
+
+    #[inline(never)]
+    fn format_rule(&mut self, format_rule: &str, rule: Builtin, rule_name: &str) -> String {
+        let target = self.add_builtin(format_rule, rule);
+        self.add_rule(rule_name, &target)
+    }
+
+    #[inline(never)]
+    fn bounded_string_rule(&mut self, schema: &Json, rule_name: &str) -> Result<String> {
+        let char_rule = self.add_primitive("char", "char")?;
+        let min = schema.get("minLength").map(|v| count_value(v, "minLength")).transpose()?.unwrap_or(0);
+        let max = schema.get("maxLength").map(|v| max_count(v, "maxLength")).transpose()?.flatten();
+        let body = format!("\"\\\"\" {} \"\\\"\" space", repetition(&char_rule, min, max, None));
+        Ok(self.add_rule(rule_name, &body))
+    }
+
+    /// `{}` and `type: object` (any object), or a schema of annotations only (any value):
+    /// `rule_name ::= object` / `value`.
+    #[inline(never)]
+    fn primitive_rule(&mut self, kind: &str, rule_name: &str) -> Result<String> {
+        let target = self.add_primitive(kind, kind)?;
+        Ok(self.add_rule(rule_name, &target))
     }
 
     /// `a | b | …`, each alternative converted under `name-i` (`alternative-i` at the top).
@@ -523,21 +489,26 @@ impl Converter {
             for (i, item) in tuple.iter().enumerate() {
                 parts.push(self.visit(item, &child_name(name, &format!("tuple-{i}")))?);
             }
-            let body = format!("\"[\" space {} \"]\" space", parts.join(" \",\" space "));
-            return Ok(self.add_rule(rule_name, &body));
+            return Ok(self.add_rule(rule_name, &tuple_body(&parts)));
         }
         let item_rule = self.visit(items, &child_name(name, "item"))?;
+        self.list_rule(schema, &item_rule, rule_name)
+    }
+
+    #[inline(never)]
+    fn list_rule(&mut self, schema: &Json, item_rule: &str, rule_name: &str) -> Result<String> {
         let min = schema.get("minItems").map(|v| count_value(v, "minItems")).transpose()?.unwrap_or(0);
         // Like llama.cpp, only an integer maxItems counts (2.0 is ignored).
         let max = match schema.get("maxItems") {
             Some(v @ (Json::Int(_) | Json::UInt(_))) => max_count(v, "maxItems")?,
             _ => None,
         };
-        let body = format!("\"[\" space {} \"]\" space", repetition(&item_rule, min, max, Some("\",\" space")));
+        let body = format!("\"[\" space {} \"]\" space", repetition(item_rule, min, max, Some("\",\" space")));
         Ok(self.add_rule(rule_name, &body))
     }
 
     /// `type: integer` with bounds.
+    #[inline(never)]
     fn integer_rule(&mut self, schema: &Json, rule_name: &str) -> Result<String> {
         let get = |key: &str| schema.get(key).map(|v| bound_value(v, key)).transpose();
         let min = match get("minimum")? {
@@ -559,6 +530,16 @@ impl Converter {
     /// `allOf`: the properties of all parts in one object (those under an `anyOf` inside
     /// optional), or, when parts carry `enum`s, the values common to all of them.
     fn all_of(&mut self, schema: &Json, name: &str, rule_name: &str) -> Result<String> {
+        let merged = self.merge_all_of(schema)?;
+        if let Some(rule) = self.common_enum_rule(schema, &merged, rule_name) {
+            return Ok(rule);
+        }
+        let body = self.object_rule(&merged.properties, &merged.required, name, &Json::Null)?;
+        Ok(self.add_rule(rule_name, &body))
+    }
+
+    #[inline(never)]
+    fn merge_all_of(&mut self, schema: &Json) -> Result<Merged> {
         let null = Json::Null;
         let parts = schema.get("allOf").unwrap_or(&null);
         let mut merged = Merged::default();
@@ -572,17 +553,21 @@ impl Converter {
                 None => self.merge_component(part, true, &mut merged, 0)?,
             }
         }
-        if !merged.enum_counts.is_empty() {
-            let wanted = parts.size_like();
-            let common: Vec<&str> =
-                merged.enum_counts.iter().filter(|(_, &n)| n == wanted).map(|(rule, _)| rule.as_str()).collect();
-            if !common.is_empty() {
-                let body = format!("({}) space", common.join(" | "));
-                return Ok(self.add_rule(rule_name, &body));
-            }
+        Ok(merged)
+    }
+
+    #[inline(never)]
+    fn common_enum_rule(&mut self, schema: &Json, merged: &Merged, rule_name: &str) -> Option<String> {
+        if merged.enum_counts.is_empty() {
+            return None;
         }
-        let body = self.object_rule(&merged.properties, &merged.required, name, &null)?;
-        Ok(self.add_rule(rule_name, &body))
+        let wanted = schema.get("allOf").map_or(0, Json::size_like);
+        let common: Vec<&str> =
+            merged.enum_counts.iter().filter(|(_, &n)| n == wanted).map(|(rule, _)| rule.as_str()).collect();
+        if common.is_empty() {
+            return None;
+        }
+        Some(self.add_rule(rule_name, &format!("({}) space", common.join(" | "))))
     }
 
     fn merge_component(&mut self, component: &Json, required: bool, merged: &mut Merged, depth: usize) -> Result<()> {
@@ -619,39 +604,71 @@ impl Converter {
     ) -> Result<String> {
         // Key-value rules, built in document order.
         let mut kv_rules: HashMap<String, String> = HashMap::new();
-        let mut prop_names: Vec<&str> = Vec::with_capacity(properties.len());
         for (prop_name, prop_schema) in properties {
-            let prop_path = child_name(name, prop_name);
-            let value_rule = self.visit(prop_schema, &prop_path)?;
-            let key_literal = format_literal(&Json::Str(prop_name.clone()).dump());
-            let kv =
-                self.add_rule(&format!("{prop_path}-kv"), &format!("{key_literal} space \":\" space {value_rule}"));
+            let kv = self.property_kv_rule(prop_name, prop_schema, name)?;
             kv_rules.insert(prop_name.clone(), kv);
-            prop_names.push(prop_name);
         }
+        let prop_names: Vec<&str> = properties.iter().map(|(p, _)| p.as_str()).collect();
+        let additional_kv = match additional {
+            Json::Bool(true) | Json::Object(_) => Some(self.additional_kv_rule(additional, &prop_names, name)?),
+            _ => None,
+        };
+        Ok(self.assemble_object_rule(&prop_names, kv_rules, additional_kv, required, name))
+    }
 
+    /// `name-prop-kv ::= "\"prop\"" space ":" space <value rule>`, converting the value.
+    fn property_kv_rule(&mut self, prop_name: &str, prop_schema: &Json, name: &str) -> Result<String> {
+        let prop_path = child_name(name, prop_name);
+        let value_rule = self.visit(prop_schema, &prop_path)?;
+        Ok(self.kv_rule(&prop_path, prop_name, &value_rule))
+    }
+
+    #[inline(never)]
+    fn kv_rule(&mut self, prop_path: &str, prop_name: &str, value_rule: &str) -> String {
+        let key_literal = format_literal(&Json::Str(prop_name.to_owned()).dump());
+        self.add_rule(&format!("{prop_path}-kv"), &format!("{key_literal} space \":\" space {value_rule}"))
+    }
+
+    /// `name-additional-kv`: any key but the declared ones, with the `additionalProperties`
+    /// value (any value for `true`).
+    fn additional_kv_rule(&mut self, additional: &Json, prop_names: &[&str], name: &str) -> Result<String> {
+        let sub_name = child_name(name, "additional");
+        let value_rule = match additional {
+            Json::Object(_) => self.visit(additional, &format!("{sub_name}-value"))?,
+            _ => self.add_primitive("value", "value")?,
+        };
+        self.additional_kv_finish(&sub_name, prop_names, &value_rule)
+    }
+
+    #[inline(never)]
+    fn additional_kv_finish(&mut self, sub_name: &str, prop_names: &[&str], value_rule: &str) -> Result<String> {
+        let key_rule = if prop_names.is_empty() {
+            self.add_primitive("string", "string")?
+        } else {
+            let body = self.not_strings(prop_names)?;
+            self.add_rule(&format!("{sub_name}-k"), &body)
+        };
+        Ok(self.add_rule(&format!("{sub_name}-kv"), &format!("{key_rule} \":\" space {value_rule}")))
+    }
+
+    #[inline(never)]
+    fn assemble_object_rule(
+        &mut self,
+        prop_names: &[&str],
+        mut kv_rules: HashMap<String, String>,
+        additional_kv: Option<String>,
+        required: &HashSet<String>,
+        name: &str,
+    ) -> String {
         // The order the grammar lists them in: `prop_order` first, then document order.
-        let mut ordered = prop_names.clone();
+        let mut ordered = prop_names.to_vec();
         if !self.prop_order.is_empty() {
             let unlisted = self.prop_order.len();
             ordered.sort_by_key(|p| self.prop_order.get(*p).copied().unwrap_or(unlisted));
         }
         let required_props: Vec<&str> = ordered.iter().copied().filter(|p| required.contains(*p)).collect();
         let mut optional_props: Vec<&str> = ordered.iter().copied().filter(|p| !required.contains(*p)).collect();
-
-        if matches!(additional, Json::Bool(true) | Json::Object(_)) {
-            let sub_name = child_name(name, "additional");
-            let value_rule = match additional {
-                Json::Object(_) => self.visit(additional, &format!("{sub_name}-value"))?,
-                _ => self.add_primitive("value", "value")?,
-            };
-            let key_rule = if prop_names.is_empty() {
-                self.add_primitive("string", "string")?
-            } else {
-                let body = self.not_strings(&prop_names)?;
-                self.add_rule(&format!("{sub_name}-k"), &body)
-            };
-            let kv = self.add_rule(&format!("{sub_name}-kv"), &format!("{key_rule} \":\" space {value_rule}"));
+        if let Some(kv) = additional_kv {
             kv_rules.insert("*".to_owned(), kv);
             optional_props.push("*");
         }
@@ -699,7 +716,7 @@ impl Converter {
             rule.push_str(" )?");
         }
         rule.push_str(" \"}\" space");
-        Ok(rule)
+        rule
     }
 
     /// A JSON string rule that matches any string except the given ones, from a trie of them:
@@ -765,6 +782,153 @@ impl Converter {
         out.push_str(" [\"] space");
         Ok(out)
     }
+}
+
+/// Which rule a schema becomes, decided in llama.cpp's order of checks.
+enum Shape<'s> {
+    /// `$ref`.
+    Ref(&'s str),
+    /// `oneOf` / `anyOf` (`oneOf` first).
+    Union(&'s [Json]),
+    /// `type` is a list.
+    TypeUnion(&'s [Json]),
+    Const(&'s Json),
+    Enum(&'s Json),
+    /// `properties`, or `additionalProperties` other than `true`.
+    Object,
+    AllOf,
+    /// `items`, else `prefixItems`.
+    Array(&'s Json),
+    Pattern(&'s str),
+    /// `format: uuid`… (the format names the rule).
+    Uuid(&'s str),
+    /// `format: date|time|date-time`: the `<format>-string` rule.
+    Format(&'static str, Builtin),
+    /// `type: string` with `minLength`/`maxLength`.
+    BoundedString,
+    /// `type: integer` with bounds.
+    BoundedInteger,
+    /// `object` for `{}` and `type: object`, `value` for annotations only: `name ::= kind`.
+    Primitive(&'static str),
+    /// Any other primitive `type`: the rule is named after the type.
+    Named(&'s str),
+}
+
+#[inline(never)]
+fn classify(schema: &Json) -> Result<Shape<'_>> {
+    let schema_type = schema.get("type").unwrap_or(&Json::Null);
+    let format = match schema.get("format") {
+        None => "",
+        Some(Json::Str(format)) => format.as_str(),
+        Some(other) => {
+            return Err(Error::schema(format!("\"format\" must be a string, not {}", other.type_name())));
+        }
+    };
+    let untyped = matches!(schema_type, Json::Null);
+    let is_type = |t: &str| schema_type.as_str() == Some(t);
+
+    if let Some(reference) = schema.get("$ref") {
+        return Ok(Shape::Ref(ref_string(reference)?));
+    }
+    if schema.contains("oneOf") || schema.contains("anyOf") {
+        let key = if schema.contains("oneOf") { "oneOf" } else { "anyOf" };
+        return match schema.get(key) {
+            Some(Json::Array(alternatives)) => Ok(Shape::Union(alternatives)),
+            _ => Err(Error::schema(format!("\"{key}\" must be an array"))),
+        };
+    }
+    if let Json::Array(types) = schema_type {
+        return Ok(Shape::TypeUnion(types));
+    }
+    if let Some(value) = schema.get("const") {
+        return Ok(Shape::Const(value));
+    }
+    if let Some(values) = schema.get("enum") {
+        return Ok(Shape::Enum(values));
+    }
+    if (untyped || is_type("object"))
+        && (schema.contains("properties") || schema.get("additionalProperties").is_some_and(|a| *a != Json::Bool(true)))
+    {
+        return Ok(Shape::Object);
+    }
+    if (untyped || is_type("object") || is_type("string")) && schema.contains("allOf") {
+        return Ok(Shape::AllOf);
+    }
+    if untyped || is_type("array") {
+        if let Some(items) = schema.get("items").or_else(|| schema.get("prefixItems")) {
+            return Ok(Shape::Array(items));
+        }
+    }
+    if untyped || is_type("string") {
+        match schema.get("pattern") {
+            Some(Json::Str(pattern)) => return Ok(Shape::Pattern(pattern)),
+            Some(_) => return Err(Error::schema("\"pattern\" must be a string")),
+            None => {}
+        }
+        if is_uuid_format(format) {
+            return Ok(Shape::Uuid(format));
+        }
+        for name in ["date-string", "time-string", "date-time-string"] {
+            if name.strip_suffix("-string") == Some(format) {
+                if let Some(rule) = string_format(name) {
+                    return Ok(Shape::Format(name, rule));
+                }
+            }
+        }
+    }
+    if is_type("string") && (schema.contains("minLength") || schema.contains("maxLength")) {
+        return Ok(Shape::BoundedString);
+    }
+    if is_type("integer")
+        && ["minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"].iter().any(|k| schema.contains(k))
+    {
+        return Ok(Shape::BoundedInteger);
+    }
+    if schema.is_empty_like() || is_type("object") {
+        return Ok(Shape::Primitive("object"));
+    }
+    if untyped && schema.as_object().is_some() {
+        // Only annotations such as "description": like {}, any JSON value.
+        return Ok(Shape::Primitive("value"));
+    }
+    match schema_type.as_str() {
+        Some(kind) if primitive(kind).is_some() => Ok(Shape::Named(kind)),
+        _ => Err(Error::schema(format!("unrecognized schema: {}", schema.dump_short(200)))),
+    }
+}
+
+/// The schema once per entry of its `type` list, with `type` set to that entry.
+#[inline(never)]
+fn type_variants(schema: &Json, types: &[Json]) -> Vec<Json> {
+    types
+        .iter()
+        .map(|t| {
+            let mut variant = schema.clone();
+            if let Json::Object(object) = &mut variant {
+                object.insert("type".to_owned(), t.clone());
+            }
+            variant
+        })
+        .collect()
+}
+
+/// `properties` (as nlohmann's `items()` lists them) and the string entries of `required`.
+#[inline(never)]
+fn object_parts(schema: &Json) -> (Vec<(String, Json)>, HashSet<String>) {
+    let mut required = HashSet::new();
+    if let Some(Json::Array(names)) = schema.get("required") {
+        required.extend(names.iter().filter_map(Json::as_str).map(str::to_owned));
+    }
+    let properties = schema
+        .get("properties")
+        .map(|p| p.items().into_iter().map(|(k, v)| (k, v.clone())).collect())
+        .unwrap_or_default();
+    (properties, required)
+}
+
+#[inline(never)]
+fn tuple_body(parts: &[String]) -> String {
+    format!("\"[\" space {} \"]\" space", parts.join(" \",\" space "))
 }
 
 /// What the parts of an `allOf` add up to.

@@ -32,7 +32,7 @@
 //! unresolvable or non-local `$ref`s (remote schemas are never fetched), patterns that are
 //! not anchored, keywords of the wrong JSON type. So is input on which llama.cpp would crash,
 //! hang or print a broken grammar: negative counts, integer bounds outside 64 bits, a stray
-//! `)`, `]` or `}` or a trailing `\` in a pattern, and schemas nested deeper than 512 levels
+//! `)`, `]` or `}` or a trailing `\` in a pattern, and schemas nested deeper than 256 levels
 //! (`$ref` and `allOf` chains included). Nothing here panics on user input.
 //!
 //! # Where the output differs from llama.cpp
@@ -60,7 +60,7 @@ mod json;
 mod numeric;
 mod pattern;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use converter::Converter;
 use json::Json;
 
@@ -82,7 +82,7 @@ pub struct SchemaOptions {
 /// Unless serde_json's `preserve_order` feature is enabled, the `Value` sorts object keys; see
 /// [`json_schema_str_to_gbnf`] to convert text with its key order intact.
 pub fn schema_from_str(text: &str) -> Result<serde_json::Value> {
-    serde_json::from_str(text).map_err(|e| Error::schema(format!("malformed JSON schema: {e}")))
+    serde_json::from_str(text).map_err(|e| json::parse_error(&e))
 }
 
 /// Converts a JSON schema to GBNF with the default [`SchemaOptions`].
@@ -236,7 +236,7 @@ mod tests {
     fn deep_nesting_is_refused() {
         // Through the text parser (serde_json stops at 128 levels).
         let deep = "{\"items\": ".repeat(200) + "{}" + &"}".repeat(200);
-        assert!(schema_error(&deep).contains("malformed JSON"));
+        assert!(schema_error(&deep).contains("nested more than 128 levels"));
         // Through a Value (no parser limit): the converter's own limit.
         let mut value = serde_json::json!({"type": "string"});
         for _ in 0..600 {
@@ -244,13 +244,37 @@ mod tests {
         }
         let e = json_schema_to_gbnf(&value).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Schema);
-        assert!(e.message().contains("512"), "{e}");
-        // 300 levels of items are fine.
+        assert!(e.message().contains("256"), "{e}");
+        // 250 levels of items are fine.
         let mut value = serde_json::json!({"type": "string"});
-        for _ in 0..300 {
+        for _ in 0..250 {
             value = serde_json::json!({ "items": value });
         }
         assert!(json_schema_to_gbnf(&value).is_ok());
+    }
+
+    #[test]
+    fn long_ref_chains_and_deep_groups_are_refused() {
+        // Shallow JSON, but each $ref nests one conversion inside the next.
+        let defs: serde_json::Map<String, serde_json::Value> = (0..300)
+            .map(|i| (format!("d{i}"), serde_json::json!({ "$ref": format!("#/definitions/d{}", i + 1) })))
+            .chain(std::iter::once(("d300".to_owned(), serde_json::json!({"type": "string"}))))
+            .collect();
+        let schema = serde_json::json!({ "$ref": "#/definitions/d0", "definitions": defs });
+        let e = json_schema_to_gbnf(&schema).unwrap_err();
+        assert!(e.message().contains("deeper than 256"), "{e}");
+        // A shorter chain is fine.
+        let defs: serde_json::Map<String, serde_json::Value> = (0..100)
+            .map(|i| (format!("d{i}"), serde_json::json!({ "$ref": format!("#/definitions/d{}", i + 1) })))
+            .chain(std::iter::once(("d100".to_owned(), serde_json::json!({"type": "string"}))))
+            .collect();
+        let g = json_schema_to_gbnf(&serde_json::json!({ "$ref": "#/definitions/d0", "definitions": defs })).unwrap();
+        assert_eq!(rule(&g, "root"), Some("ref-definitions-d0"));
+        assert_eq!(rule(&g, "ref-definitions-d99"), Some("string"));
+        // Groups in a pattern.
+        let pattern = format!("^{}a{}$", "(".repeat(300), ")".repeat(300));
+        let e = json_schema_to_gbnf(&serde_json::json!({ "pattern": pattern })).unwrap_err();
+        assert!(e.message().contains("deeper than 256"), "{e}");
     }
 
     #[test]

@@ -49,7 +49,9 @@ impl Item {
 }
 
 fn pattern_error(pattern: &str, what: &str) -> Error {
-    Error::schema(format!("cannot translate pattern /{pattern}/: {what}"))
+    let shown: String = pattern.chars().take(120).collect();
+    let ellipsis = if shown.len() < pattern.len() { "..." } else { "" };
+    Error::schema(format!("cannot translate pattern /{shown}{ellipsis}/: {what}"))
 }
 
 struct PatternTranslator<'c> {

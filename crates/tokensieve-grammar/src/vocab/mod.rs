@@ -568,44 +568,59 @@ fn build(kind: VocabKind, raw: RawTokens, mut ids: SpecialIds) -> Result<Vocab> 
     }
 
     // The pieces overwrite the texts they come from: a piece is almost never longer than its
-    // text, so no second buffer is needed (fewer fresh pages to fault in: most of the load time
-    // of a large vocabulary). A longer piece (an `[UNK_BYTE_…]` marker) spills the rest into a
+    // text, so no second buffer is needed (fewer fresh pages to fault in, a large part of the
+    // load time of a big vocabulary). Once earlier pieces have shrunk by at least a token's
+    // length, the token decodes straight into the freed room; otherwise it goes through
+    // `scratch`. A piece longer than its text (an `[UNK_BYTE_…]` marker) spills the rest into a
     // new buffer.
     let RawTokens { mut texts, mut offsets, types } = raw;
     let mut scratch = Vec::new();
     let mut spill: Option<Vec<u8>> = None;
     let (mut start, mut written, mut max_token_len) = (0usize, 0usize, 0usize);
-    for (id, piece) in pieces.iter().enumerate() {
+    for (id, &piece) in pieces.iter().enumerate() {
         let end = offsets[id + 1] as usize;
-        let text = &texts[start..end];
-        scratch.clear();
-        match piece {
-            Piece::Text => scratch.extend_from_slice(text),
-            Piece::Empty => {}
-            Piece::Byte => scratch.push(parse_byte_token(text).ok_or_else(|| {
-                Error::vocab(format!("token {id} is a byte token but its text {:?} is not <0xAB>", lossy(text)))
-            })?),
-            Piece::Normal => match kind {
-                VocabKind::ByteLevelBpe => decode_byte_level(text, &mut scratch),
-                VocabKind::SentencePiece | VocabKind::SentencePieceBpe | VocabKind::Unigram | VocabKind::WordPiece => {
-                    unescape_whitespace(text, &mut scratch)
-                }
-                VocabKind::Raw => scratch.extend_from_slice(text),
-            },
-        }
-        match &mut spill {
-            // The next token's text starts at `end`: writing up to there loses nothing unread.
-            None if written + scratch.len() <= end => texts[written..written + scratch.len()].copy_from_slice(&scratch),
+        let byte_error = |text: &[u8]| {
+            Error::vocab(format!("token {id} is a byte token but its text {:?} is not <0xAB>", lossy(text)))
+        };
+        let direct = if spill.is_none() && start - written >= end - start {
+            let (head, tail) = texts.split_at_mut(start);
+            let text = &tail[..end - start];
+            write_piece(kind, piece, text, &mut head[written..]).ok_or_else(|| byte_error(text))?
+        } else {
+            None
+        };
+        let len = match direct {
+            Some(len) => len,
             None => {
-                let mut out = Vec::with_capacity(written + scratch.len() + 2 * (texts.len() - end));
-                out.extend_from_slice(&texts[..written]);
-                out.extend_from_slice(&scratch);
-                spill = Some(out);
+                let text = &texts[start..end];
+                scratch.clear();
+                scratch.resize(text.len(), 0);
+                match write_piece(kind, piece, text, &mut scratch).ok_or_else(|| byte_error(text))? {
+                    Some(len) => scratch.truncate(len),
+                    None => {
+                        scratch.clear();
+                        decode_byte_level_slow(text, &mut scratch);
+                    }
+                }
+                match &mut spill {
+                    // The next token's text starts at `end`: writing up to there loses nothing
+                    // unread.
+                    None if written + scratch.len() <= end => {
+                        texts[written..written + scratch.len()].copy_from_slice(&scratch)
+                    }
+                    None => {
+                        let mut out = Vec::with_capacity(written + scratch.len() + 2 * (texts.len() - end));
+                        out.extend_from_slice(&texts[..written]);
+                        out.extend_from_slice(&scratch);
+                        spill = Some(out);
+                    }
+                    Some(out) => out.extend_from_slice(&scratch),
+                }
+                scratch.len()
             }
-            Some(out) => out.extend_from_slice(&scratch),
-        }
-        written += scratch.len();
-        max_token_len = max_token_len.max(scratch.len());
+        };
+        written += len;
+        max_token_len = max_token_len.max(len);
         offsets[id + 1] =
             u32::try_from(written).map_err(|_| Error::vocab("the token pieces add up to more than 4 GiB"))?;
         start = end;
@@ -618,6 +633,34 @@ fn build(kind: VocabKind, raw: RawTokens, mut ids: SpecialIds) -> Result<Vocab> 
         }
     };
     Ok(Vocab { bytes, offsets, types, eog, kind, max_token_len, by_bytes: OnceLock::new() })
+}
+
+/// Writes a token's piece into `out`, which has room for at least `text.len()` bytes; returns
+/// its length, or `Some(None)` when the piece is longer than the text (a byte-level character
+/// outside the table: see [`decode_byte_level_slow`]), or `None` for a bad byte token.
+fn write_piece(kind: VocabKind, piece: Piece, text: &[u8], out: &mut [u8]) -> Option<Option<usize>> {
+    Some(match piece {
+        Piece::Text => {
+            out[..text.len()].copy_from_slice(text);
+            Some(text.len())
+        }
+        Piece::Empty => Some(0),
+        Piece::Byte => {
+            // A byte token's text has at least 3 bytes, so `out` has room.
+            out[0] = parse_byte_token(text)?;
+            Some(1)
+        }
+        Piece::Normal => match kind {
+            VocabKind::ByteLevelBpe => decode_byte_level_fast(text, out),
+            VocabKind::SentencePiece | VocabKind::SentencePieceBpe | VocabKind::Unigram | VocabKind::WordPiece => {
+                Some(unescape_whitespace(text, out))
+            }
+            VocabKind::Raw => {
+                out[..text.len()].copy_from_slice(text);
+                Some(text.len())
+            }
+        },
+    })
 }
 
 fn lossy(text: &[u8]) -> String {
@@ -640,11 +683,10 @@ fn parse_byte_token(text: &[u8]) -> Option<u8> {
     Some(value)
 }
 
-/// llama.cpp's `llama_unescape_whitespace`: every `▁` (U+2581) becomes a space.
-fn unescape_whitespace(text: &[u8], out: &mut Vec<u8>) {
-    let base = out.len();
-    out.resize(base + text.len(), 0);
-    let (mut i, mut w) = (0, base);
+/// llama.cpp's `llama_unescape_whitespace`: every `▁` (U+2581) becomes a space. Writes to
+/// `out` (at least `text.len()` long) and returns the length.
+fn unescape_whitespace(text: &[u8], out: &mut [u8]) -> usize {
+    let (mut i, mut w) = (0, 0);
     while i < text.len() {
         if text[i] == 0xE2 && text.get(i + 1) == Some(&0x96) && text.get(i + 2) == Some(&0x81) {
             out[w] = b' ';
@@ -655,7 +697,7 @@ fn unescape_whitespace(text: &[u8], out: &mut Vec<u8>) {
         }
         w += 1;
     }
-    out.truncate(w);
+    w
 }
 
 /// Characters printed as themselves in GPT-2's `bytes_to_unicode`: `!`..`~`, `¡`..`¬`, `®`..`ÿ`.
@@ -722,43 +764,35 @@ fn push_utf8(cp: u32, out: &mut Vec<u8>) {
     }
 }
 
-/// llama.cpp's `llama_decode_text`: each character of a byte-level token back to its byte.
-fn decode_byte_level(text: &[u8], out: &mut Vec<u8>) {
-    // Fast path: every character of the table is printable ASCII (itself) or a two-byte
-    // sequence below U+0144, and gives one byte, so the piece fits in `text.len()` bytes.
-    let base = out.len();
-    out.resize(base + text.len(), 0);
-    let (mut i, mut w) = (0, base);
+/// llama.cpp's `llama_decode_text` for tokens whose characters are all in the byte table
+/// (printable ASCII standing for itself, or a two-byte sequence below U+0144): each gives one
+/// byte, written to `out` (at least `text.len()` long). `None` for any other character.
+fn decode_byte_level_fast(text: &[u8], out: &mut [u8]) -> Option<usize> {
+    let (mut i, mut w) = (0, 0);
     while i < text.len() {
         let b = text[i];
-        let byte = if (0x21..=0x7E).contains(&b) {
+        out[w] = if (0x21..=0x7E).contains(&b) {
             i += 1;
             b
         } else {
-            let two = match text.get(i + 1) {
-                Some(&c) if b & 0xE0 == 0xC0 && c & 0xC0 == 0x80 => {
-                    BYTE_OF_CHAR.get((usize::from(b & 0x1F) << 6) | usize::from(c & 0x3F)).copied()
-                }
-                _ => None,
-            };
-            match two {
-                Some(v) if v >= 0 => {
-                    i += 2;
-                    v as u8
-                }
-                _ => {
-                    out.truncate(base);
-                    return decode_byte_level_slow(text, out);
-                }
+            let c = *text.get(i + 1)?;
+            if b & 0xE0 != 0xC0 || c & 0xC0 != 0x80 {
+                return None;
             }
+            let byte = *BYTE_OF_CHAR.get((usize::from(b & 0x1F) << 6) | usize::from(c & 0x3F))?;
+            if byte < 0 {
+                return None;
+            }
+            i += 2;
+            byte as u8
         };
-        out[w] = byte;
         w += 1;
     }
-    out.truncate(w);
+    Some(w)
 }
 
-/// [`decode_byte_level`] for tokens with characters outside the byte table.
+/// llama.cpp's `llama_decode_text`: each character of a byte-level token back to its byte; a
+/// character outside the table gives llama.cpp's `[UNK_BYTE_…]` marker.
 fn decode_byte_level_slow(text: &[u8], out: &mut Vec<u8>) {
     let mut i = 0;
     while i < text.len() {
@@ -835,6 +869,15 @@ mod tests {
         assert!(role("Ġ<|im_end|>".as_bytes()).is_none());
     }
 
+    /// Byte-level decoding as `build` does it: the fast path, else the general one.
+    fn decode_byte_level(text: &[u8], out: &mut Vec<u8>) {
+        let mut buf = vec![0; text.len()];
+        match decode_byte_level_fast(text, &mut buf) {
+            Some(n) => out.extend_from_slice(&buf[..n]),
+            None => decode_byte_level_slow(text, out),
+        }
+    }
+
     #[test]
     fn byte_level_tokens_decode_to_bytes() {
         let mut out = Vec::new();
@@ -858,6 +901,74 @@ mod tests {
     }
 
     #[test]
+    fn a_piece_longer_than_its_text_spills_to_a_new_buffer() {
+        use TokenType::*;
+        let r = raw(&["ab", "▁", "Ġc", "<|x|>", "<0x0A>"], &[Normal, Normal, Normal, Control, Byte]);
+        let v = build(VocabKind::ByteLevelBpe, r, SpecialIds::default()).unwrap();
+        let want: Vec<&[u8]> = vec![b"ab", "[UNK_BYTE_0xe29681▁]".as_bytes(), b" c", b"<|x|>", b"\n"];
+        assert_eq!(pieces(&v), want);
+        assert_eq!(v.max_token_len(), want[1].len());
+        assert_eq!(v.token_id(b" c"), Some(2));
+    }
+
+    /// The pieces of one token, decoded on their own (no in-place writing, no fast paths).
+    fn naive_piece(kind: VocabKind, ty: TokenType, text: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        match ty {
+            TokenType::Control | TokenType::UserDefined | TokenType::Unknown => out.extend_from_slice(text),
+            TokenType::Unused | TokenType::Undefined => {}
+            TokenType::Byte => out.push(parse_byte_token(text).unwrap()),
+            TokenType::Normal if kind == VocabKind::ByteLevelBpe => decode_byte_level_slow(text, &mut out),
+            TokenType::Normal => {
+                let mut rest = text;
+                while let Some(at) = rest.windows(3).position(|w| w == "▁".as_bytes()) {
+                    out.extend_from_slice(&rest[..at]);
+                    out.push(b' ');
+                    rest = &rest[at + 3..];
+                }
+                out.extend_from_slice(rest);
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn in_place_decoding_matches_token_by_token_decoding(
+            tokens in proptest::collection::vec(
+                (proptest::collection::vec(proptest::sample::select(vec![
+                    "a", "Ġ", "Ċ", "▁", "é", "Ã", "©", "\u{100}", "\u{143}", "\u{144}", "🦙", "\u{ff}", "<", ">",
+                ]), 0..6), 0..7usize, proptest::bool::ANY),
+                0..24,
+            ),
+            byte_level in proptest::bool::ANY,
+        ) {
+            let kind = if byte_level { VocabKind::ByteLevelBpe } else { VocabKind::SentencePiece };
+            let all = [TokenType::Normal, TokenType::Control, TokenType::UserDefined, TokenType::Unknown,
+                       TokenType::Unused, TokenType::Undefined, TokenType::Byte];
+            let mut texts: Vec<Vec<u8>> = Vec::new();
+            let mut types = Vec::new();
+            for (parts, ty, invalid) in &tokens {
+                let ty = all[*ty];
+                let mut text: Vec<u8> = if ty == TokenType::Byte { b"<0x7F>".to_vec() } else { parts.concat().into_bytes() };
+                if *invalid && ty != TokenType::Byte {
+                    text.push(0xC3);
+                }
+                texts.push(text);
+                types.push(ty);
+            }
+            let mut r = RawTokens { texts: Vec::new(), offsets: vec![0], types: types.clone() };
+            for t in &texts {
+                r.texts.extend_from_slice(t);
+                r.offsets.push(r.texts.len() as u32);
+            }
+            let v = build(kind, r, SpecialIds::default()).unwrap();
+            let want: Vec<Vec<u8>> = texts.iter().zip(&types).map(|(t, &ty)| naive_piece(kind, ty, t)).collect();
+            proptest::prop_assert_eq!(pieces(&v), want);
+        }
+    }
+
+    #[test]
     fn lenient_utf8_matches_llama_cpp() {
         assert_eq!(next_code_point("é".as_bytes(), 0), (0xE9, 2));
         assert_eq!(next_code_point("▁".as_bytes(), 0), (0x2581, 3));
@@ -871,9 +982,9 @@ mod tests {
 
     #[test]
     fn sentencepiece_spaces_and_byte_tokens() {
-        let mut out = Vec::new();
-        unescape_whitespace("▁the▁▁end▁".as_bytes(), &mut out);
-        assert_eq!(out, b" the  end ");
+        let mut out = [0u8; 16];
+        let n = unescape_whitespace("▁the▁▁end▁".as_bytes(), &mut out);
+        assert_eq!(&out[..n], b" the  end ");
         assert_eq!(parse_byte_token(b"<0x0A>"), Some(b'\n'));
         assert_eq!(parse_byte_token(b"<0xff>"), Some(0xFF));
         assert_eq!(parse_byte_token(b"<0xF>"), Some(0x0F));
