@@ -182,6 +182,12 @@ pub(crate) enum Verdict {
     Uncertain,
 }
 
+#[derive(Clone, Debug)]
+struct WideTable {
+    bounds: Vec<u32>,
+    next: Vec<u32>,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Node {
     pos: u32,
@@ -195,9 +201,9 @@ struct SetInfo {
     flags: u8,
 }
 
-const HAS_EMPTY: u8 = 1;
-const HAS_BOTTOM: u8 = 2;
-const HAS_TOKEN: u8 = 4;
+pub(crate) const HAS_EMPTY: u8 = 1;
+pub(crate) const HAS_BOTTOM: u8 = 2;
+pub(crate) const HAS_TOKEN: u8 = 4;
 
 /// Interned stacks and state sets of one grammar, with memoised advances and transitions.
 #[derive(Debug)]
@@ -215,7 +221,9 @@ pub(crate) struct Engine {
     set_ids: FxHashMap<Box<[u32]>, u32>,
     ascii: Vec<Option<Box<[u32; 128]>>>,
     transitions: FxHashMap<(u32, u32), u32>,
-    by_classes: FxHashMap<(u32, u64), u32>,
+    /// Per set: the code points >= 128 cut into intervals on which every stack's class
+    /// answers the same, with the transition of each interval (filled on first use).
+    wide: Vec<Option<Box<WideTable>>>,
     /// Transitions computed since [`Engine::reset_budget`] (for `max_mask_transitions`).
     pub(crate) budget_used: usize,
     todo: Vec<u32>,
@@ -249,7 +257,7 @@ impl Engine {
             set_ids: FxHashMap::default(),
             ascii: Vec::new(),
             transitions: FxHashMap::default(),
-            by_classes: FxHashMap::default(),
+            wide: Vec::new(),
             budget_used: 0,
             todo: Vec::new(),
             seen: FxHashSet::default(),
@@ -442,12 +450,19 @@ impl Engine {
         self.members.extend_from_slice(stacks);
         self.set_ids.insert(stacks.into(), id);
         self.ascii.push(None);
+        self.wide.push(None);
         Ok(id)
     }
 
     pub fn set_members(&self, set: u32) -> &[u32] {
         let info = self.sets[set as usize];
         &self.members[info.start as usize..(info.start + info.len) as usize]
+    }
+
+    /// `HAS_EMPTY | HAS_BOTTOM | HAS_TOKEN` bits of `set`.
+    #[inline]
+    pub fn flags(&self, set: u32) -> u8 {
+        self.sets[set as usize].flags
     }
 
     pub fn has_empty(&self, set: u32) -> bool {
@@ -481,9 +496,9 @@ impl Engine {
     /// stacks, [`BOTTOM`]) die.
     ///
     /// Memoised per (set, ASCII code point) in a dense table; for other code points per (set,
-    /// which of its stacks' classes match), so the thousands of distinct characters of a real
-    /// vocabulary share a handful of entries.
-    #[inline]
+    /// interval of code points on which its stacks' classes all answer the same), so the
+    /// thousands of distinct characters of a real vocabulary share a handful of entries.
+    #[inline(always)]
     pub fn step(&mut self, set: u32, cp: u32) -> Result<u32> {
         if cp < 128 {
             if let Some(table) = &self.ascii[set as usize] {
@@ -492,28 +507,31 @@ impl Engine {
                     return Ok(next);
                 }
             }
+        }
+        self.step_table(set, cp)
+    }
+
+    #[inline(never)]
+    fn step_table(&mut self, set: u32, cp: u32) -> Result<u32> {
+        if cp < 128 {
             let next = self.step_slow(set, cp)?;
             self.ascii[set as usize].get_or_insert_with(|| Box::new([UNKNOWN; 128]))[cp as usize] = next;
             return Ok(next);
         }
-        let info = self.sets[set as usize];
-        if info.len <= 64 {
-            let mut bits = 0u64;
-            for k in 0..info.len {
-                let s = self.members[(info.start + k) as usize];
-                if s > BOTTOM {
-                    let class = self.class_at[self.nodes[s as usize].pos as usize];
-                    if class != u32::MAX && self.classes[class as usize].matches(cp) {
-                        bits |= 1 << k;
-                    }
-                }
-            }
-            if let Some(&next) = self.by_classes.get(&(set, bits)) {
+        if let Some(table) = &self.wide[set as usize] {
+            let slot = table.bounds.partition_point(|&b| b <= cp) - 1;
+            let next = table.next[slot];
+            if next != UNKNOWN {
                 return Ok(next);
             }
             let next = self.step_slow(set, cp)?;
-            self.by_classes.insert((set, bits), next);
+            self.wide[set as usize].as_mut().expect("built above").next[slot] = next;
             return Ok(next);
+        }
+        if self.sets[set as usize].len <= 64 {
+            let table = self.wide_table(set);
+            self.wide[set as usize] = Some(Box::new(table));
+            return self.step(set, cp);
         }
         if let Some(&next) = self.transitions.get(&(set, cp)) {
             return Ok(next);
@@ -521,6 +539,33 @@ impl Engine {
         let next = self.step_slow(set, cp)?;
         self.transitions.insert((set, cp), next);
         Ok(next)
+    }
+
+    /// The interval table of `set` for code points >= 128: bounds where some stack's class
+    /// starts or stops matching.
+    fn wide_table(&self, set: u32) -> WideTable {
+        let mut bounds = vec![128u32];
+        for &s in self.set_members(set) {
+            if s <= BOTTOM {
+                continue;
+            }
+            let class = self.class_at[self.top(s) as usize];
+            if class == u32::MAX || self.classes[class as usize].any {
+                continue;
+            }
+            for &(lo, hi) in self.classes[class as usize].ranges.iter() {
+                if hi >= 128 {
+                    bounds.push(lo.max(128));
+                    if hi < u32::MAX {
+                        bounds.push(hi + 1);
+                    }
+                }
+            }
+        }
+        bounds.sort_unstable();
+        bounds.dedup();
+        let next = vec![UNKNOWN; bounds.len()];
+        WideTable { bounds, next }
     }
 
     #[cold]

@@ -20,7 +20,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::engine::{Decoded, Engine, Utf8, Verdict, DEAD, EMPTY};
+use crate::engine::{Decoded, Engine, Utf8, Verdict, DEAD, EMPTY, HAS_BOTTOM, HAS_TOKEN};
 use crate::error::{Error, Result};
 use crate::trie::TokenIndex;
 
@@ -50,6 +50,7 @@ struct Frames {
 #[derive(Clone, Copy, Debug, Default)]
 struct WalkFrame {
     set: u32,
+    flags: u8,
     dec: Utf8,
     uncertain: bool,
 }
@@ -206,7 +207,7 @@ fn walk(
     let mut frames = std::mem::take(&mut cache.walk);
     frames.clear();
     frames.resize(trie.max_depth + 1, WalkFrame::default());
-    frames[0] = WalkFrame { set, dec: start.carry(), uncertain: false };
+    frames[0] = WalkFrame { set, flags: engine.flags(set), dec: start.carry(), uncertain: false };
     let n = trie.byte.len();
     let mut i = 0;
     let result = (|| {
@@ -222,7 +223,7 @@ fn walk(
                 }
                 Decoded::Pending => {}
                 Decoded::Char(cp) => {
-                    if engine.has_token_top(parent.set) {
+                    if parent.flags & HAS_TOKEN != 0 {
                         // A token element on top: the token id decides; check each one.
                         for &t in trie.tokens_under(i) {
                             match engine.token_verdict(set, start, t, index.token_bytes(t))? {
@@ -234,10 +235,13 @@ fn walk(
                         i = trie.end[i] as usize;
                         continue;
                     }
-                    if engine.has_bottom(parent.set) {
+                    if parent.flags & HAS_BOTTOM != 0 {
                         frame.uncertain = true;
                     }
                     frame.set = engine.step(parent.set, cp)?;
+                    if frame.set != parent.set {
+                        frame.flags = engine.flags(frame.set);
+                    }
                     if frame.set == DEAD {
                         if frame.uncertain {
                             uncertain.extend_from_slice(trie.tokens_under(i));
