@@ -92,11 +92,19 @@ impl GrammarConstraint {
 
     /// llama.cpp's deprecated trigger *words*: a lazy grammar triggered when any of the words
     /// appears (turned into one escaped alternation pattern, as llama.cpp does).
-    pub fn lazy_words(grammar: &Grammar, vocab: Arc<TokenIndex>, trigger_tokens: &[u32], words: &[&str]) -> Result<Self> {
+    pub fn lazy_words(
+        grammar: &Grammar,
+        vocab: Arc<TokenIndex>,
+        trigger_tokens: &[u32],
+        words: &[&str],
+    ) -> Result<Self> {
         let pattern = if words.is_empty() {
             None
         } else {
-            Some(format!("[\\s\\S]*?({})[\\s\\S]*", words.iter().map(|w| regex::escape(w)).collect::<Vec<_>>().join("|")))
+            Some(format!(
+                "[\\s\\S]*?({})[\\s\\S]*",
+                words.iter().map(|w| regex::escape(w)).collect::<Vec<_>>().join("|")
+            ))
         };
         let patterns: Vec<&str> = pattern.as_deref().into_iter().collect();
         Self::lazy(grammar, vocab, trigger_tokens, &patterns)

@@ -236,11 +236,11 @@ impl Engine {
     pub fn new(grammar: Arc<Compiled>, limits: Limits) -> Self {
         let mut class_at = vec![u32::MAX; grammar.elems.len()];
         let mut classes = Vec::new();
-        for pos in 0..grammar.elems.len() {
+        for (pos, slot) in class_at.iter_mut().enumerate() {
             if matches!(grammar.elems[pos], Element::Char(_) | Element::CharNot(_) | Element::CharAny) {
                 // A class starts at a Char/CharNot/CharAny that is not itself inside a class
                 // (CharAlt / CharRngUpper follow their start, never precede it).
-                class_at[pos] = classes.len() as u32;
+                *slot = classes.len() as u32;
                 classes.push(compile_class(&grammar.elems, pos));
             }
         }
@@ -699,8 +699,11 @@ impl Engine {
                 Element::Token(t) | Element::TokenNot(t) => {
                     let is_not = matches!(g.elems[pos as usize], Element::TokenNot(_));
                     if (t == token) != is_not {
-                        let moved =
-                            if g.elems[pos as usize + 1].is_end_of_sequence() { parent } else { self.push(parent, pos + 1)? };
+                        let moved = if g.elems[pos as usize + 1].is_end_of_sequence() {
+                            parent
+                        } else {
+                            self.push(parent, pos + 1)?
+                        };
                         let adv = self.advance(moved)?;
                         all.extend_from_slice(self.set_members(adv));
                     }
@@ -719,7 +722,6 @@ impl Engine {
         }
         Ok((self.intern_unsorted(all)?, dec))
     }
-
 }
 
 /// Start positions of the alternatives of the rule starting at `start`.
@@ -790,7 +792,8 @@ mod tests {
     #[test]
     fn utf8_as_llama_cpp_decodes_it() {
         let (out, end) = decode("aé€😀".as_bytes(), Utf8::default());
-        let chars: Vec<u32> = out.iter().filter_map(|d| if let Decoded::Char(c) = d { Some(*c) } else { None }).collect();
+        let chars: Vec<u32> =
+            out.iter().filter_map(|d| if let Decoded::Char(c) = d { Some(*c) } else { None }).collect();
         assert_eq!(chars, ['a' as u32, 'é' as u32, '€' as u32, '😀' as u32]);
         assert!(!end.is_pending());
         // A split character: pending, then completed by the next token.

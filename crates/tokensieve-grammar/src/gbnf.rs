@@ -614,11 +614,12 @@ mod tests {
     #[test]
     fn escapes() {
         let g = ok(r#"root ::= "\x41\u00e9\U0001F600\t\r\n\\\"\[\]\-""#);
-        let chars: Vec<u32> = g.rules[0]
-            .iter()
-            .filter_map(|e| if let Element::Char(c) = e { Some(*c) } else { None })
-            .collect();
-        assert_eq!(chars, [0x41, 0xE9, 0x1F600, 9, 13, 10, '\\' as u32, '"' as u32, '[' as u32, ']' as u32, '-' as u32]);
+        let chars: Vec<u32> =
+            g.rules[0].iter().filter_map(|e| if let Element::Char(c) = e { Some(*c) } else { None }).collect();
+        assert_eq!(
+            chars,
+            [0x41, 0xE9, 0x1F600, 9, 13, 10, '\\' as u32, '"' as u32, '[' as u32, ']' as u32, '-' as u32]
+        );
         for bad in [r#"root ::= "\d""#, r#"root ::= "\/""#, r#"root ::= "\0""#, r#"root ::= "\x4""#] {
             let e = parse(bad, None).unwrap_err();
             assert_eq!(e.kind(), crate::ErrorKind::Syntax, "{bad}");

@@ -65,11 +65,11 @@
 #![deny(missing_docs)]
 
 pub mod constraint;
+pub(crate) mod engine;
 pub mod error;
 pub mod gbnf;
 pub mod grammar;
 pub mod json_schema;
-pub(crate) mod engine;
 pub mod mask;
 pub mod matcher;
 pub mod trie;

@@ -165,9 +165,7 @@ impl Matcher {
         }
         if index.is_eog(token) {
             if !self.is_complete() {
-                return Err(Error::rejected(format!(
-                    "end-of-generation token {token} before the grammar is complete"
-                )));
+                return Err(Error::rejected(format!("end-of-generation token {token} before the grammar is complete")));
             }
             self.commit(self.state);
             return Ok(());

@@ -148,9 +148,8 @@ impl TokenIndex {
     }
 
     fn build_trie(&self) -> Trie {
-        let mut ids: Vec<u32> = (0..self.n_vocab as u32)
-            .filter(|&t| !self.is_eog[t as usize] && !self.token_bytes(t).is_empty())
-            .collect();
+        let mut ids: Vec<u32> =
+            (0..self.n_vocab as u32).filter(|&t| !self.is_eog[t as usize] && !self.token_bytes(t).is_empty()).collect();
         ids.sort_by(|&a, &b| self.token_bytes(a).cmp(self.token_bytes(b)).then(a.cmp(&b)));
         let mut trie = Trie::default();
         // `path[d]` = node index at depth d + 1 on the current path.

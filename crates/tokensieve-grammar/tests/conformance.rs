@@ -32,7 +32,7 @@ fn load(name: &str) -> Option<Vec<Value>> {
 fn match_input(grammar: &Grammar, input: &Value) -> bool {
     let mut m = Matcher::new(grammar).unwrap();
     let mut pieces: Vec<(u32, Vec<u8>)> = Vec::new();
-    let mut push_text = |s: &str, pieces: &mut Vec<(u32, Vec<u8>)>| {
+    let push_text = |s: &str, pieces: &mut Vec<(u32, Vec<u8>)>| {
         for ch in s.chars() {
             pieces.push((0, ch.to_string().into_bytes()));
         }
@@ -89,7 +89,8 @@ fn integration_cases() {
             "json_schema" => {
                 schemas += 1;
                 let schema = case["schema"].as_str().unwrap();
-                let gbnf = json_schema_str_to_gbnf(schema, &SchemaOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", case["description"]));
+                let gbnf = json_schema_str_to_gbnf(schema, &SchemaOptions::default())
+                    .unwrap_or_else(|e| panic!("{}: {e}", case["description"]));
                 let g = Grammar::new(&gbnf).unwrap_or_else(|e| panic!("{}: {e}\n{gbnf}", case["description"]));
                 schema_strings += check_strings(case, &g, &mut failures);
             }

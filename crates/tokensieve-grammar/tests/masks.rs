@@ -44,15 +44,57 @@ term ::= [0-9]+ | "(" expr ")" | "é" term"#,
 /// Bytes tokens are made of: ASCII the grammars use, pieces of multi-byte characters, and
 /// bytes that are never valid UTF-8 leads.
 const ATOMS: &[&[u8]] = &[
-    b"{", b"}", b"[", b"]", b"\"", b":", b",", b" ", b"\n", b"\t", b"a", b"b", b"z", b"e", b"1", b"0", b"9", b"-",
-    b"+", b".", b"(", b")", b"!", b"\\", b"u", b"t", b"r", b"n", b"l", b"f", "é".as_bytes(), "€".as_bytes(),
-    "😀".as_bytes(), &[0xC3], &[0xA9], &[0xE2, 0x82], &[0x82, 0xAC], &[0xF0], &[0x80], &[0xFF], &[0x00], b"true",
-    b"null", b"\": ", b"\", \"",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b"\"",
+    b":",
+    b",",
+    b" ",
+    b"\n",
+    b"\t",
+    b"a",
+    b"b",
+    b"z",
+    b"e",
+    b"1",
+    b"0",
+    b"9",
+    b"-",
+    b"+",
+    b".",
+    b"(",
+    b")",
+    b"!",
+    b"\\",
+    b"u",
+    b"t",
+    b"r",
+    b"n",
+    b"l",
+    b"f",
+    "é".as_bytes(),
+    "€".as_bytes(),
+    "😀".as_bytes(),
+    &[0xC3],
+    &[0xA9],
+    &[0xE2, 0x82],
+    &[0x82, 0xAC],
+    &[0xF0],
+    &[0x80],
+    &[0xFF],
+    &[0x00],
+    b"true",
+    b"null",
+    b"\": ",
+    b"\", \"",
 ];
 
 fn vocab_strategy() -> impl Strategy<Value = Vec<Vec<u8>>> {
     prop::collection::vec(prop::collection::vec(0..ATOMS.len(), 1..4), 40..120).prop_map(|toks| {
-        let mut out: Vec<Vec<u8>> = toks.into_iter().map(|t| t.into_iter().flat_map(|a| ATOMS[a].to_vec()).collect()).collect();
+        let mut out: Vec<Vec<u8>> =
+            toks.into_iter().map(|t| t.into_iter().flat_map(|a| ATOMS[a].to_vec()).collect()).collect();
         // Every single atom is a token too, so walks can always make progress.
         out.extend(ATOMS.iter().map(|a| a.to_vec()));
         out.push(Vec::new()); // an empty token: never allowed
@@ -102,7 +144,8 @@ proptest! {
 
 #[test]
 fn every_grammar_walks_with_every_cache_depth() {
-    let vocab: Vec<Vec<u8>> = ATOMS.iter().map(|a| a.to_vec()).chain([b"{\"".to_vec(), b"\"}".to_vec(), Vec::new()]).collect();
+    let vocab: Vec<Vec<u8>> =
+        ATOMS.iter().map(|a| a.to_vec()).chain([b"{\"".to_vec(), b"\"}".to_vec(), Vec::new()]).collect();
     for g in GRAMMARS {
         for depth in [1, 2, 3, 8] {
             check_walk(g, vocab.clone(), depth, &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]).unwrap();

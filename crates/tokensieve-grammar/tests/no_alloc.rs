@@ -24,7 +24,10 @@ static GLOBAL: Counting = Counting;
 
 #[test]
 fn warm_masks_allocate_nothing() {
-    let tokens: Vec<Vec<u8>> = (0u32..5000).map(|i| format!("{i}").into_bytes()).chain([b"\"".to_vec(), b"{".to_vec(), b"}".to_vec(), b",".to_vec()]).collect();
+    let tokens: Vec<Vec<u8>> = (0u32..5000)
+        .map(|i| format!("{i}").into_bytes())
+        .chain([b"\"".to_vec(), b"{".to_vec(), b"}".to_vec(), b",".to_vec()])
+        .collect();
     let index = Arc::new(TokenIndex::new(tokens.iter().map(Vec::as_slice), &[]));
     let g = Grammar::new(r#"root ::= "{" [0-9]+ ("," [0-9]+)* "}""#).unwrap();
     let mut m = Matcher::with_vocab(&g, index.clone()).unwrap();

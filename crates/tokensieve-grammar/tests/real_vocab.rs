@@ -37,7 +37,12 @@ fn walk(vocab_file: &str, check_every: usize) {
             let naive = m.mask_naive().unwrap();
             let diff: Vec<u32> =
                 (0..index.len() as u32).filter(|&i| is_allowed(&fast, i) != is_allowed(&naive, i)).collect();
-            assert!(diff.is_empty(), "{vocab_file}: step {step}: masks differ on {} tokens, e.g. {:?}", diff.len(), &diff[..diff.len().min(5)]);
+            assert!(
+                diff.is_empty(),
+                "{vocab_file}: step {step}: masks differ on {} tokens, e.g. {:?}",
+                diff.len(),
+                &diff[..diff.len().min(5)]
+            );
         }
         m.accept_token(t).unwrap();
     }

@@ -85,7 +85,13 @@ impl Chain {
                 pos + 1
             )));
         }
-        Ok(Chain { stages, candidates: Candidates::new(), n_accepted: 0, dense: dense::Scratch::default(), constraint: None })
+        Ok(Chain {
+            stages,
+            candidates: Candidates::new(),
+            n_accepted: 0,
+            dense: dense::Scratch::default(),
+            constraint: None,
+        })
     }
 
     /// Parses a spec string into a sampling chain, under the convention of `ctx`

@@ -2,7 +2,7 @@
 //! what the stages see, and a constraint error leaves the chain as it was.
 
 use tokensieve::constraint::apply_bitmask;
-use tokensieve::{Chain, Constraint, ConstraintMode, Result, RngConfig, sampler::BuildContext};
+use tokensieve::{sampler::BuildContext, Chain, Constraint, ConstraintMode, Result, RngConfig};
 
 /// Allows the tokens of `allowed[step]` at each step (a toy grammar).
 #[derive(Clone, Debug)]
@@ -52,8 +52,9 @@ fn both_modes_sample_only_allowed_tokens() {
     for mode in [ConstraintMode::MaskFirst, ConstraintMode::Rejection] {
         for seed in 0..20 {
             let ctx = BuildContext::new(100, RngConfig::philox(seed));
-            let mut chain =
-                Chain::from_spec("top_k(40);temperature(1.5);dist", &ctx).unwrap().with_constraint(Box::new(script()), mode);
+            let mut chain = Chain::from_spec("top_k(40);temperature(1.5);dist", &ctx)
+                .unwrap()
+                .with_constraint(Box::new(script()), mode);
             let a = chain.sample(&row()).unwrap();
             let b = chain.sample(&row()).unwrap();
             let c = chain.sample(&row()).unwrap();

@@ -3,8 +3,11 @@
 //! token by token (mask, then accept), as MaskBench measures.
 //!
 //! ```text
-//! cargo run --release -p tokensieve-bench --bin grammar [-- --vocab PATH --json]
+//! cargo run --release -p tokensieve-bench --bin grammar [-- --vocab PATH] [--json | --write BENCHMARKS.md]
 //! ```
+//!
+//! `--write` replaces the "Grammar masks" section of BENCHMARKS.md (the `report` binary keeps
+//! that section when it rewrites the rest).
 //!
 //! Documents are split into tokens by greedy longest match over the vocabulary (a valid token
 //! sequence for the same bytes; not the model tokenizer's own split). Each document is walked
@@ -84,7 +87,10 @@ fn walk(m: &mut Matcher, index: &TokenIndex, doc: &str, mask: &mut [u32], out: &
         m.fill_mask(mask).map_err(|e| e.to_string())?;
         out.masks_us.push(start.elapsed().as_secs_f64() * 1e6);
         if !is_allowed(mask, t) {
-            return Err(format!("token {t} {:?} is masked: the document does not fit the grammar", index.token_bytes(t)));
+            return Err(format!(
+                "token {t} {:?} is masked: the document does not fit the grammar",
+                index.token_bytes(t)
+            ));
         }
         let start = Instant::now();
         m.accept_token(t).map_err(|e| e.to_string())?;
@@ -101,10 +107,9 @@ fn walk(m: &mut Matcher, index: &TokenIndex, doc: &str, mask: &mut [u32], out: &
 
 fn default_vocab() -> Option<PathBuf> {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    here.ancestors()
-        .map(|a| a.join("shared/data/vocab/ggml-vocab-llama-bpe.gguf"))
-        .find(|p| p.exists())
-        .or_else(|| std::env::var_os("TOKENSIEVE_SHARED").map(|s| Path::new(&s).join("data/vocab/ggml-vocab-llama-bpe.gguf")))
+    here.ancestors().map(|a| a.join("shared/data/vocab/ggml-vocab-llama-bpe.gguf")).find(|p| p.exists()).or_else(|| {
+        std::env::var_os("TOKENSIEVE_SHARED").map(|s| Path::new(&s).join("data/vocab/ggml-vocab-llama-bpe.gguf"))
+    })
 }
 
 fn json_gbnf() -> Result<String, String> {
@@ -119,8 +124,12 @@ fn json_gbnf() -> Result<String, String> {
 
 fn summary(label: &str, values: &mut [f64]) -> serde_json::Value {
     values.sort_by(f64::total_cmp);
-    let (p50, p90, p99, max) =
-        (percentile(values, 0.5), percentile(values, 0.9), percentile(values, 0.99), values.last().copied().unwrap_or(f64::NAN));
+    let (p50, p90, p99, max) = (
+        percentile(values, 0.5),
+        percentile(values, 0.9),
+        percentile(values, 0.99),
+        values.last().copied().unwrap_or(f64::NAN),
+    );
     let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
     serde_json::json!({"what": label, "n": values.len(), "p50_us": p50, "p90_us": p90, "p99_us": p99, "max_us": max, "mean_us": mean})
 }
@@ -157,9 +166,7 @@ fn main() -> Result<(), String> {
         let start = Instant::now();
         let text = match schema {
             None => gbnf_json.clone(),
-            Some(s) => {
-                json_schema_str_to_gbnf(s, &SchemaOptions::default()).map_err(|e| format!("{name}: {e}"))?
-            }
+            Some(s) => json_schema_str_to_gbnf(s, &SchemaOptions::default()).map_err(|e| format!("{name}: {e}"))?,
         };
         let grammar = Grammar::new(&text).map_err(|e| format!("{name}: {e}"))?;
         let depth: Option<usize> = std::env::var("TOKENSIEVE_MASK_DEPTH").ok().and_then(|d| d.parse().ok());
@@ -221,8 +228,11 @@ fn main() -> Result<(), String> {
         println!("{}", serde_json::to_string_pretty(&report).unwrap());
         return Ok(());
     }
-    println!(
-        "vocabulary: {} ({} tokens, {} trie nodes): read {:.1} ms, index {:.1} ms; floor (write one mask): {:.2} µs",
+    let mut md = String::new();
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        md,
+        "vocabulary: {} ({} tokens, {} trie nodes): read {:.1} ms, index {:.1} ms; floor (write one mask): {:.2} µs\n",
         vocab_path.display(),
         index.len(),
         index.trie_nodes(),
@@ -230,15 +240,24 @@ fn main() -> Result<(), String> {
         index_ms,
         percentile(&floor, 0.5)
     );
-    println!("| grammar | compile µs | masks | cold p50 / p99 / max µs | warm p50 / p99 / max µs | accept p50 / p99 µs |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        md,
+        "| grammar | compile µs | masks | cold p50 / p99 / max µs | warm p50 / p99 / max µs | accept p50 / p99 µs |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|");
     let fmt = |v: &serde_json::Value| {
-        format!("{:.1} / {:.1} / {:.1}", v["p50_us"].as_f64().unwrap(), v["p99_us"].as_f64().unwrap(), v["max_us"].as_f64().unwrap())
+        format!(
+            "{:.1} / {:.1} / {:.1}",
+            v["p50_us"].as_f64().unwrap(),
+            v["p99_us"].as_f64().unwrap(),
+            v["max_us"].as_f64().unwrap()
+        )
     };
     for r in report["grammars"].as_array().unwrap().iter().chain([&report["all"]]) {
         let name = r.get("grammar").and_then(|g| g.as_str()).unwrap_or("all");
         let compile = r.get("compile_us").or(r.get("compile_max_us")).and_then(|c| c.as_f64()).unwrap();
-        println!(
+        let _ = writeln!(
+            md,
             "| {name} | {compile:.0}{} | {} | {} | {} | {:.2} / {:.2} |",
             if name == "all" { " (max)" } else { "" },
             r["mask_cold"]["n"],
@@ -248,5 +267,36 @@ fn main() -> Result<(), String> {
             r["accept"]["p99_us"].as_f64().unwrap()
         );
     }
+    print!("{md}");
+    if let Some(i) = args.iter().position(|a| a == "--write") {
+        let path = PathBuf::from(args.get(i + 1).ok_or("--write needs a path")?);
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        let head = old.find(SECTION).map_or(old.as_str(), |at| &old[..at]).trim_end();
+        let date = std::process::Command::new("date").arg("+%Y-%m-%d").output().ok();
+        let date = date.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .map_or("unknown CPU", |l| l.trim_start_matches([' ', '\t', ':']));
+        let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+        let rustc = std::process::Command::new("rustc").arg("--version").output().ok();
+        let rustc = rustc.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+        let text = format!(
+            "{head}\n\n{SECTION}\n\nGenerated by `cargo run --release -p tokensieve-bench --bin grammar -- --write BENCHMARKS.md` on {date}, \
+             one thread. Masks are timed with `Matcher::fill_mask` into a reused buffer, then the document's token is \
+             accepted (`accept` column). *cold*: a fresh matcher per document (first use of the grammar); *warm*: \
+             the documents walked again on clones of one matcher, sharing its caches. Documents are split by greedy \
+             longest match over the vocabulary. `compile`: JSON Schema → GBNF (for schemas), parse, build and initial \
+             state.\n\n* machine: {cpu}, {cores} core(s); {rustc}\n* peers (not measured here: no llama.cpp or llguidance \
+             build on this machine): MaskBench's published single-thread numbers on the same 128K Llama-3 tokenizer \
+             (AMD EPYC 7V13, 2025-03, `shared/reference/gbnf.md` §3.3): llama.cpp mask p50 17,021 µs, p99 60,371 µs, \
+             max 1,129,560 µs; llguidance p50 46 µs, p99 533 µs, max 33,055 µs; XGrammar p50 9 µs, p99 5,687 µs.\n\n{md}"
+        );
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
     Ok(())
 }
+
+/// The heading of this benchmark's section in BENCHMARKS.md.
+const SECTION: &str = "## Grammar masks";

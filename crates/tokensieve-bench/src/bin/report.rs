@@ -149,6 +149,12 @@ fn main() {
         }
         let _ = writeln!(md);
     }
+    // Keep the grammar benchmark's section (written by the `grammar` binary).
+    if let Ok(old) = std::fs::read_to_string(&args.out) {
+        if let Some(at) = old.find("## Grammar masks") {
+            let _ = write!(md, "\n{}", &old[at..]);
+        }
+    }
     if let Err(e) = std::fs::write(&args.out, &md) {
         eprintln!("cannot write {}: {e}", args.out.display());
         std::process::exit(1);

@@ -40,8 +40,8 @@
 //!   [`END_OF_GENERATION_TEXTS`]. Such tokens are also treated as control tokens (their piece is
 //!   their text), as llama.cpp overrides their type.
 //!
-//! Then, as llama.cpp does: `<|end|>` leaves the set when `<|return|>` and `<|call|>` (gpt-oss)
-//! or `<|calls|>` and `<|flush|>` (Solar-Open) are in it, and `</s>` leaves it when
+//! Then, as llama.cpp does: `<|end|>` leaves the set when `<|call|>` or `<|calls|>` is in it
+//! together with `<|return|>` (gpt-oss) or `<|flush|>` (Solar-Open), and `</s>` leaves it when
 //! `<|tool_response>` is in it (Gemma-4). For example Llama-3 gives {128001 `<|end_of_text|>`,
 //! 128009 `<|eot_id|>`}, Qwen2 {128247 `</s>`, 151643 `<|endoftext|>`, 151645 `<|im_end|>`}
 //! and Gemma-4 {1 `<eos>`, 50 `<|tool_response>`, 106 `<turn|>`}.
