@@ -220,6 +220,8 @@ pub(crate) struct Engine {
     members: Vec<u32>,
     set_ids: FxHashMap<Box<[u32]>, u32>,
     ascii: Vec<Option<Box<[u32; 128]>>>,
+    /// Per set: the ASCII characters that lead back to the same set (`None`: not computed).
+    loops: Vec<Option<u128>>,
     transitions: FxHashMap<(u32, u32), u32>,
     /// Per set: the code points >= 128 cut into intervals on which every stack's class
     /// answers the same, with the transition of each interval (filled on first use).
@@ -256,6 +258,7 @@ impl Engine {
             members: Vec::new(),
             set_ids: FxHashMap::default(),
             ascii: Vec::new(),
+            loops: Vec::new(),
             transitions: FxHashMap::default(),
             wide: Vec::new(),
             budget_used: 0,
@@ -450,6 +453,7 @@ impl Engine {
         self.members.extend_from_slice(stacks);
         self.set_ids.insert(stacks.into(), id);
         self.ascii.push(None);
+        self.loops.push(None);
         self.wide.push(None);
         Ok(id)
     }
@@ -475,6 +479,30 @@ impl Engine {
 
     pub fn has_token_top(&self, set: u32) -> bool {
         self.sets[set as usize].flags & HAS_TOKEN != 0
+    }
+
+    /// The ASCII characters `c` with `step(set, c) == set`: a token made only of them is
+    /// accepted in `set` and leaves it there (the body of a `[…]*` loop, JSON string content).
+    pub fn loop_alphabet(&mut self, set: u32) -> Result<u128> {
+        if let Some(bits) = self.loops[set as usize] {
+            return Ok(bits);
+        }
+        let mut bits = 0u128;
+        if set != DEAD {
+            for c in 1..128u32 {
+                if self.step(set, c)? == set {
+                    bits |= 1 << c;
+                }
+            }
+        }
+        self.loops[set as usize] = Some(bits);
+        Ok(bits)
+    }
+
+    /// [`Engine::loop_alphabet`] if already computed.
+    #[inline]
+    pub fn known_loop_alphabet(&self, set: u32) -> Option<u128> {
+        self.loops[set as usize]
     }
 
     /// The set holding exactly `stack`, advanced.
@@ -678,6 +706,25 @@ impl Engine {
     /// stacks consume the token's text. Returns the new set and decoder state; `DEAD` when no
     /// stack survives (llama.cpp throws there).
     pub fn accept_token(&mut self, set: u32, start: Utf8, token: u32, bytes: &[u8]) -> Result<(u32, Utf8)> {
+        if !self.has_token_top(set) {
+            // Only character stacks: stepping the whole set is the union of stepping each
+            // stack (memoised, allocation-free).
+            let mut dec = start.carry();
+            let mut cur = set;
+            let mut check = start.carry();
+            if bytes.iter().any(|&b| check.step(b) == Decoded::Invalid) {
+                return Ok((DEAD, check));
+            }
+            for &b in bytes {
+                if let Decoded::Char(cp) = dec.step(b) {
+                    cur = self.step(cur, cp)?;
+                    if cur == DEAD {
+                        break;
+                    }
+                }
+            }
+            return Ok((cur, dec));
+        }
         let g = Arc::clone(&self.grammar);
         let mut cps: Vec<u32> = Vec::with_capacity(bytes.len());
         let mut dec = start.carry();

@@ -14,9 +14,14 @@
 //! 3. Filling that cache walks the vocabulary's byte trie depth-first, carrying the parse
 //!    state down the path (transitions are memoised, so a step is a table lookup) and skipping
 //!    a whole subtree at the first byte no stack accepts.
+//! 4. Where the state loops on a set of ASCII characters (JSON string content, `.*`), a
+//!    subtree made only of those characters is accepted whole without walking it, from a
+//!    per-vocabulary "slice" computed once per alphabet (llguidance's slicer idea).
 //!
 //! Every path is checked against [`Engine::token_verdict`], the token-by-token definition
 //! that follows llama.cpp's `llama_grammar_reject_candidates`.
+
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
@@ -210,10 +215,33 @@ fn walk(
     frames[0] = WalkFrame { set, flags: engine.flags(set), dec: start.carry(), uncertain: false };
     let n = trie.byte.len();
     let mut i = 0;
+    // Where the parse state loops on some ASCII characters (JSON string content, `.*`),
+    // subtrees made only of them are accepted whole, without walking: the vocabulary's
+    // precomputed slice for that alphabet. Alphabets are computed for the states met near
+    // the root (few, and where the big subtrees are) and reused deeper when known.
+    let mut slice: Option<(u128, Arc<[u64]>)> = None;
     let result = (|| {
         while i < n {
             let depth = trie.depth[i] as usize;
             let parent = frames[depth - 1];
+            if !parent.dec.is_pending() && parent.flags & HAS_TOKEN == 0 {
+                let alphabet = match engine.known_loop_alphabet(parent.set) {
+                    Some(a) => a,
+                    None if depth <= 3 => engine.loop_alphabet(parent.set)?,
+                    None => 0,
+                };
+                if alphabet != 0 {
+                    if slice.as_ref().is_none_or(|(a, _)| *a != alphabet) {
+                        slice = Some((alphabet, index.slice(alphabet)));
+                    }
+                    let full = &slice.as_ref().expect("set above").1;
+                    if full[i / 64] >> (i % 64) & 1 == 1 {
+                        trie.tokens_under(i).iter().for_each(|&t| set_bit(accept, t));
+                        i = trie.end[i] as usize;
+                        continue;
+                    }
+                }
+            }
             let mut frame = parent;
             let mut dec = parent.dec;
             match dec.step(trie.byte[i]) {

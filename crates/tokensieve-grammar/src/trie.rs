@@ -2,6 +2,10 @@
 //! grammar sees them, the end-of-generation set, and a byte trie of all tokens flattened in
 //! depth-first order (built once per vocabulary and shared by every grammar and sequence).
 
+use std::sync::{Arc, Mutex};
+
+use rustc_hash::FxHashMap;
+
 /// A vocabulary indexed for grammar masks.
 ///
 /// Token text follows llama.cpp's grammar sampler: the bytes `token_to_piece(special = true)`
@@ -25,6 +29,8 @@ pub struct TokenIndex {
     eog: Vec<u32>,
     is_eog: Vec<bool>,
     pub(crate) trie: Trie,
+    /// Per ASCII alphabet: which trie nodes have a subtree made only of its characters.
+    slices: Mutex<FxHashMap<u128, Arc<[u64]>>>,
 }
 
 /// The byte trie in depth-first order: node `i`'s subtree is `i..end[i]`; its children start
@@ -63,7 +69,15 @@ impl TokenIndex {
             }
         }
         eog_list.sort_unstable();
-        let mut index = TokenIndex { n_vocab, bytes, offsets, eog: eog_list, is_eog, trie: Trie::default() };
+        let mut index = TokenIndex {
+            n_vocab,
+            bytes,
+            offsets,
+            eog: eog_list,
+            is_eog,
+            trie: Trie::default(),
+            slices: Mutex::new(FxHashMap::default()),
+        };
         index.trie = index.build_trie();
         index
     }
@@ -140,6 +154,44 @@ impl TokenIndex {
             at += best_len;
         }
         Some(out)
+    }
+
+    /// The nodes whose whole subtree (the node's byte and every byte below it) is ASCII in
+    /// `alphabet`, as a bitset over trie nodes. Computed once per alphabet and vocabulary (one
+    /// pass over the trie), shared by every grammar: llguidance's "slicer" idea, for the
+    /// loops that accept almost everything (JSON string content, `.*`).
+    pub(crate) fn slice(&self, alphabet: u128) -> Arc<[u64]> {
+        let mut slices = self.slices.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = slices.get(&alphabet) {
+            return Arc::clone(s);
+        }
+        let t = &self.trie;
+        let n = t.byte.len();
+        let mut full = vec![0u64; n.div_ceil(64)];
+        for i in (0..n).rev() {
+            let b = t.byte[i];
+            if b >= 128 || alphabet >> b & 1 == 0 {
+                continue;
+            }
+            let mut all = true;
+            let mut j = i + 1;
+            while j < t.end[i] as usize {
+                if full[j / 64] >> (j % 64) & 1 == 0 {
+                    all = false;
+                    break;
+                }
+                j = t.end[j] as usize;
+            }
+            if all {
+                full[i / 64] |= 1 << (i % 64);
+            }
+        }
+        let full: Arc<[u64]> = full.into();
+        if slices.len() >= 64 {
+            slices.clear();
+        }
+        slices.insert(alphabet, Arc::clone(&full));
+        full
     }
 
     /// Number of nodes in the token trie.
