@@ -481,8 +481,9 @@ impl Engine {
         self.sets[set as usize].flags & HAS_TOKEN != 0
     }
 
-    /// The ASCII characters `c` with `step(set, c) == set`: a token made only of them is
-    /// accepted in `set` and leaves it there (the body of a `[…]*` loop, JSON string content).
+    /// The ASCII characters `c` with `step(set, c) == set`, as bits; bit 0 set when every code
+    /// point from 128 up does the same. A token made only of such characters is accepted in
+    /// `set` and leaves it there (the body of a `[…]*` loop, JSON string content).
     pub fn loop_alphabet(&mut self, set: u32) -> Result<u128> {
         if let Some(bits) = self.loops[set as usize] {
             return Ok(bits);
@@ -492,6 +493,24 @@ impl Engine {
             for c in 1..128u32 {
                 if self.step(set, c)? == set {
                     bits |= 1 << c;
+                }
+            }
+            // Bit 0 (NUL never occurs in token text): every code point >= 128 loops too.
+            if self.sets[set as usize].len <= 64 {
+                if self.wide[set as usize].is_none() {
+                    let table = self.wide_table(set);
+                    self.wide[set as usize] = Some(Box::new(table));
+                }
+                let bounds = self.wide[set as usize].as_ref().expect("built above").bounds.clone();
+                let mut all = true;
+                for b in bounds {
+                    if self.step(set, b)? != set {
+                        all = false;
+                        break;
+                    }
+                }
+                if all {
+                    bits |= 1;
                 }
             }
         }

@@ -224,10 +224,10 @@ fn walk(
         while i < n {
             let depth = trie.depth[i] as usize;
             let parent = frames[depth - 1];
-            if !parent.dec.is_pending() && parent.flags & HAS_TOKEN == 0 {
+            if !start.is_pending() && !parent.dec.is_pending() && parent.flags & HAS_TOKEN == 0 {
                 let alphabet = match engine.known_loop_alphabet(parent.set) {
                     Some(a) => a,
-                    None if depth <= 3 => engine.loop_alphabet(parent.set)?,
+                    None if depth <= 2 => engine.loop_alphabet(parent.set)?,
                     None => 0,
                 };
                 if alphabet != 0 {

@@ -156,21 +156,40 @@ impl TokenIndex {
         Some(out)
     }
 
-    /// The nodes whose whole subtree (the node's byte and every byte below it) is ASCII in
-    /// `alphabet`, as a bitset over trie nodes. Computed once per alphabet and vocabulary (one
-    /// pass over the trie), shared by every grammar: llguidance's "slicer" idea, for the
-    /// loops that accept almost everything (JSON string content, `.*`).
+    /// The trie nodes below which every token is accepted by a parse state that loops on
+    /// `alphabet` (see `Engine::loop_alphabet`: ASCII bits, bit 0 for "every code point from
+    /// 128 up"), assuming the node starts a character: each character completed below is in
+    /// the alphabet, no byte is an invalid lead and no token ends inside a character. A
+    /// bitset over trie nodes, computed once per alphabet and vocabulary (two passes over the
+    /// trie) and shared by every grammar: llguidance's "slicer" idea, for the loops that
+    /// accept almost everything (JSON string content, `.*`).
     pub(crate) fn slice(&self, alphabet: u128) -> Arc<[u64]> {
+        use crate::engine::{Decoded, Utf8};
         let mut slices = self.slices.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = slices.get(&alphabet) {
             return Arc::clone(s);
         }
         let t = &self.trie;
         let n = t.byte.len();
+        // Forward: is each node's byte fine on its own (decoded along its path from a
+        // character boundary at the root)?
+        let mut fine = vec![false; n];
+        let mut decoders = vec![Utf8::default(); t.max_depth + 1];
+        for i in 0..n {
+            let d = t.depth[i] as usize;
+            let mut dec = decoders[d - 1];
+            fine[i] = match dec.step(t.byte[i]) {
+                Decoded::Invalid => false,
+                Decoded::Pending => t.tokens_at(i).is_empty(),
+                Decoded::Char(cp) if cp < 128 => cp != 0 && alphabet >> cp & 1 == 1,
+                Decoded::Char(_) => alphabet & 1 == 1,
+            };
+            decoders[d] = dec;
+        }
+        // Backward: a node is full when it and its whole subtree are fine.
         let mut full = vec![0u64; n.div_ceil(64)];
         for i in (0..n).rev() {
-            let b = t.byte[i];
-            if b >= 128 || alphabet >> b & 1 == 0 {
+            if !fine[i] {
                 continue;
             }
             let mut all = true;
