@@ -175,10 +175,10 @@ impl TokenIndex {
         // character boundary at the root)?
         let mut fine = vec![false; n];
         let mut decoders = vec![Utf8::default(); t.max_depth + 1];
-        for i in 0..n {
+        for (i, fine) in fine.iter_mut().enumerate() {
             let d = t.depth[i] as usize;
             let mut dec = decoders[d - 1];
-            fine[i] = match dec.step(t.byte[i]) {
+            *fine = match dec.step(t.byte[i]) {
                 Decoded::Invalid => false,
                 Decoded::Pending => t.tokens_at(i).is_empty(),
                 Decoded::Char(cp) if cp < 128 => cp != 0 && alphabet >> cp & 1 == 1,
