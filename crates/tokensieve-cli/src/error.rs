@@ -16,6 +16,19 @@ impl fmt::Display for BadInput {
 
 impl std::error::Error for BadInput {}
 
+/// Not an error: the command has printed its verdict (`grammar match` says `rejected` or
+/// `incomplete`) and exits with this status, without an `error:` line.
+#[derive(Debug)]
+pub struct Verdict(pub u8);
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "exit status {}", self.0)
+    }
+}
+
+impl std::error::Error for Verdict {}
+
 /// A bad-input error with this message.
 pub fn bad(message: impl Into<String>) -> anyhow::Error {
     BadInput(message.into()).into()

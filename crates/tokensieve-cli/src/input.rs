@@ -3,6 +3,7 @@
 
 use crate::args::{ChainArgs, DtypeArg, InputArgs, RngArg};
 use crate::error::{bad, lib};
+use crate::grammar::GrammarSource;
 use anyhow::Result;
 use half::{bf16, f16};
 use npyz::{DType, NpyFile, Order, TypeChar};
@@ -131,17 +132,23 @@ fn dtype_name(d: DtypeArg) -> &'static str {
 /// Parses `--history`: comma-separated ids, or a `.npy` of integers. Every id must be a valid
 /// token of a vocabulary of `vocab`.
 pub fn load_history(arg: Option<&str>, vocab: usize) -> Result<Vec<u32>> {
+    load_ids(arg, vocab, "--history")
+}
+
+/// Parses token ids given to `flag`: comma-separated ids, or a `.npy` of integers, each below
+/// `vocab`.
+pub fn load_ids(arg: Option<&str>, vocab: usize, flag: &'static str) -> Result<Vec<u32>> {
     let Some(arg) = arg else { return Ok(Vec::new()) };
     let ids: Vec<i64> = if arg.ends_with(".npy") {
-        let bytes = read(Path::new(arg), "--history")?;
-        history_npy(&bytes, arg)?
+        let bytes = read(Path::new(arg), flag)?;
+        ids_npy(&bytes, arg, flag)?
     } else {
         arg.split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
             .map(|s| {
                 s.parse::<i64>().map_err(|_| {
-                    bad(format!("--history: `{s}` is not a token id (give comma-separated ids or a .npy file)"))
+                    bad(format!("{flag}: `{s}` is not a token id (give comma-separated ids or a .npy file)"))
                 })
             })
             .collect::<Result<_>>()?
@@ -149,20 +156,20 @@ pub fn load_history(arg: Option<&str>, vocab: usize) -> Result<Vec<u32>> {
     ids.into_iter()
         .map(|id| match u32::try_from(id) {
             Ok(t) if (t as usize) < vocab => Ok(t),
-            _ => Err(tokensieve::Error::token_out_of_range("--history", id, vocab).into()),
+            _ => Err(tokensieve::Error::token_out_of_range(flag, id, vocab).into()),
         })
         .collect()
 }
 
-fn history_npy(bytes: &[u8], name: &str) -> Result<Vec<i64>> {
+fn ids_npy(bytes: &[u8], name: &str, flag: &str) -> Result<Vec<i64>> {
     let file = npy(bytes, name)?;
     if file.shape().len() > 1 {
-        return Err(bad(format!("--history {name}: must be a 1-D array of token ids, got shape {:?}", file.shape())));
+        return Err(bad(format!("{flag} {name}: must be a 1-D array of token ids, got shape {:?}", file.shape())));
     }
     let DType::Plain(ts) = file.dtype() else {
-        return Err(bad(format!("--history {name}: must hold integers")));
+        return Err(bad(format!("{flag} {name}: must hold integers")));
     };
-    let e = |e: std::io::Error| bad(format!("--history {name}: cannot read the data: {e}"));
+    let e = |e: std::io::Error| bad(format!("{flag} {name}: cannot read the data: {e}"));
     macro_rules! ints {
         ($t:ty) => {
             file.into_vec::<$t>().map_err(e)?.into_iter().map(|v| v as i64).collect()
@@ -179,7 +186,7 @@ fn history_npy(bytes: &[u8], name: &str) -> Result<Vec<i64>> {
         (TypeChar::Uint, 8) => {
             file.into_vec::<u64>().map_err(e)?.into_iter().map(|v| i64::try_from(v).unwrap_or(i64::MAX)).collect()
         }
-        _ => return Err(bad(format!("--history {name}: must hold integers, got {ts}"))),
+        _ => return Err(bad(format!("{flag} {name}: must hold integers, got {ts}"))),
     })
 }
 
@@ -200,6 +207,8 @@ pub struct ChainPlan {
     convention: Convention,
     /// Token texts by id (a model's vocabulary), for DRY's sequence breakers.
     vocab_text: Option<Vec<Vec<u8>>>,
+    /// The body's `grammar`, `json_schema` or `response_format`, compiled by the command.
+    grammar: Option<GrammarSource>,
 }
 
 impl ChainPlan {
@@ -213,6 +222,7 @@ impl ChainPlan {
     pub fn new(args: &ChainArgs, n_ctx: usize) -> Result<Self> {
         let convention: Convention = args.convention.parse::<Convention>()?;
         let n_ctx = Some(u32::try_from(n_ctx.max(1)).unwrap_or(u32::MAX));
+        let mut grammar = None;
         let source = match (&args.chain, &args.params) {
             (Some(spec), _) => Source::Spec(spec.clone()),
             (None, Some(path)) if convention == Convention::Transformers => {
@@ -244,6 +254,7 @@ impl ChainPlan {
                     )));
                 }
                 params.n_ctx = n_ctx;
+                grammar = GrammarSource::from_params(&params, &body, &path.display().to_string());
                 Source::Params(Box::new(params))
             }
             (None, None) => {
@@ -261,7 +272,8 @@ impl ChainPlan {
             (Source::Params(p), None) => p.seed.unwrap_or(0),
             (Source::Spec(_) | Source::Generation(_), None) => 0,
         };
-        let mut plan = ChainPlan { source, rng: RngConfig { kind, seed, sequence: 0 }, convention, vocab_text: None };
+        let mut plan =
+            ChainPlan { source, rng: RngConfig { kind, seed, sequence: 0 }, convention, vocab_text: None, grammar };
         if let Source::Params(p) = &mut plan.source {
             p.seed = Some(seed);
         }
@@ -272,6 +284,23 @@ impl ChainPlan {
     pub fn with_vocab_text(mut self, text: Vec<Vec<u8>>) -> Self {
         self.vocab_text = Some(text);
         self
+    }
+
+    /// The grammar the body asks for (`grammar`, `json_schema`, `response_format`), if any.
+    pub fn grammar(&self) -> Option<&GrammarSource> {
+        self.grammar.as_ref()
+    }
+
+    /// For commands that do not apply grammars: an error when the body asks for one.
+    pub fn refuse_grammar(&self, command: &str) -> Result<()> {
+        match &self.grammar {
+            Some(g) => Err(bad(format!(
+                "{}: `tokensieve {command}` does not apply grammars (`tokensieve sample --vocab …` and \
+                 `tokensieve generate` do)",
+                g.origin()
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The body's parameters, when the chain comes from `--params` (or the defaults).

@@ -4,6 +4,7 @@
 mod args;
 mod cmd;
 mod error;
+mod grammar;
 mod input;
 #[cfg(feature = "model")]
 mod model;
@@ -33,10 +34,12 @@ fn main() -> ExitCode {
         args::Command::Generate(a) => cmd::generate::run(a),
         args::Command::Explain(a) => cmd::explain::run(a),
         args::Command::Bench(a) => cmd::bench::run(a),
+        args::Command::Grammar(a) => cmd::grammar::run(a),
     });
     match result {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Ok(Err(e)) if e.is::<error::Verdict>() => ExitCode::from(e.downcast_ref::<error::Verdict>().map_or(1, |v| v.0)),
         Ok(Err(e)) => {
             eprintln!("error: {}", error::one_line(&e));
             ExitCode::from(error::exit_code(&e) as u8)

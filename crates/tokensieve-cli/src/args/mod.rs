@@ -5,7 +5,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
 mod bench;
+mod grammar;
 pub use bench::{BenchArgs, RowsArg};
+pub use grammar::{
+    CheckArgs, ConstraintArgs, GrammarArgs, GrammarCommand, GrammarModeArg, MaskArgs, MatchArgs, SourceArgs,
+};
 
 /// Turns LLM logits into the next token, exact to llama.cpp.
 #[derive(Debug, Parser)]
@@ -23,6 +27,7 @@ Examples:
   tokensieve apply  --chain 'top_k(40);top_p(0.95,1)' --logits row.npy --out processed.npy
   tokensieve generate 'The capital of France is' -n 16
   tokensieve explain --example --svg funnel.svg
+  tokensieve grammar match json.gbnf --text '{\"a\": 1}'
 
 Bad input prints one `error:` line and exits with status 2 (1 for internal failures).";
 
@@ -46,6 +51,9 @@ pub enum Command {
     /// Time chains per token beside the floor (one SIMD max pass over the same row).
     #[command(after_help = BENCH_EXAMPLES)]
     Bench(BenchArgs),
+    /// GBNF grammars (llama.cpp's): check one, match a text, list the tokens allowed after a
+    /// prefix.
+    Grammar(GrammarArgs),
 }
 
 const BENCH_EXAMPLES: &str = "\
@@ -92,6 +100,8 @@ Examples:
   # An OpenAI or llama.cpp server request body:
   echo '{\"temperature\": 0.7, \"top_p\": 0.9, \"logprobs\": true, \"top_logprobs\": 3}' > body.json
   tokensieve sample --params body.json --logits batch.npy
+  # Only tokens a grammar allows, each step advancing it (the vocabulary must match the logits):
+  tokensieve sample --chain greedy --logits row.npy --n 8 --grammar json.gbnf --vocab tokenizer.json
 
 Each line: {\"row\", \"step\", \"token\", \"logprob\", \"top_logprobs\": [{\"token\", \"logprob\"}, ...]}.
 logprob is the raw log-softmax of the input row unless --logprobs-mode processed; -inf is printed as
@@ -188,6 +198,14 @@ pub struct SampleArgs {
     /// post_sampling_probs].
     #[arg(long, value_enum, value_name = "MODE")]
     pub logprobs_mode: Option<LogprobsModeArg>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub constraint: ConstraintArgs,
+    /// The vocabulary a grammar runs over (--grammar, --json-schema, or the body's grammar,
+    /// json_schema or response_format): a GGUF file or a Hugging Face tokenizer.json with
+    /// exactly as many tokens as the logits have per row.
+    #[arg(long, value_name = "VOCAB")]
+    pub vocab: Option<PathBuf>,
 }
 
 /// `--rng`.
@@ -231,6 +249,8 @@ Examples:
   tokensieve generate --chain 'top_k(20);temperature(0.7);dist' --show-alternatives 3 'Once upon a time'
   # Another model, a request body for the chain:
   tokensieve generate --model Llama-3.2-1B-Instruct-Q8_0.gguf --params body.json --chat 'Hi!'
+  # Output that follows a JSON schema (or --grammar FILE.gbnf; the model's vocabulary):
+  tokensieve generate --chat --json-schema person.json 'Describe a person as JSON.' -n 64
 
 Without --model, the default model is looked for in $TOKENSIEVE_SHARED/data/models/, in
 shared/data/models/ beside the checkout, and in ${XDG_CACHE_HOME:-~/.cache}/tokensieve/, where
@@ -286,6 +306,9 @@ pub struct GenerateArgs {
     /// How the weight matrices are kept in memory.
     #[arg(long, value_enum, value_name = "HOW", default_value_t = WeightsArg::Auto)]
     pub weights: WeightsArg,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub constraint: ConstraintArgs,
 }
 
 /// `--weights`.

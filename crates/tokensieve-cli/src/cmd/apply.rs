@@ -12,6 +12,7 @@ pub fn run(args: &ApplyArgs) -> Result<()> {
     let input = load_logits(&args.input)?;
     let history = load_history(args.chain.history.as_deref(), input.vocab)?;
     let plan = ChainPlan::new(&args.chain, history.len())?;
+    plan.refuse_grammar("apply")?;
     let batch = input.batch()?;
     let mut chains = plan.build_rows(input.rows, input.vocab, false, &history)?;
     let mut out = vec![0.0f32; input.rows * input.vocab];

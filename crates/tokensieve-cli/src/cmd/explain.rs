@@ -73,6 +73,7 @@ pub struct Report {
 pub fn run(args: &ExplainArgs) -> Result<()> {
     let step = load_step(args)?;
     let mut plan = ChainPlan::new(&args.chain, step.history.len() + 1)?;
+    plan.refuse_grammar("explain")?;
     if let Some(text) = &step.vocab_bytes {
         plan = plan.with_vocab_text(text.clone());
     }

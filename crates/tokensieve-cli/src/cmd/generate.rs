@@ -23,6 +23,7 @@ mod with_model {
     use super::GenerateArgs;
     use crate::args::WeightsArg;
     use crate::error::{bad, lib, one_line};
+    use crate::grammar::{self, Constrained};
     use crate::input::ChainPlan;
     use crate::model::stream::Utf8Stream;
     use crate::model::{chat, locate, Model, Weights};
@@ -38,7 +39,9 @@ mod with_model {
             ));
         }
         let started = Instant::now();
-        let mut model = load(args.model.as_deref(), args.weights)?;
+        let model_path = model_path(args.model.as_deref())?;
+        let source = grammar::source(&args.constraint, None)?;
+        let mut model = load(Some(&model_path), args.weights)?;
         let text = prompt_text(&model, &args.prompt, args.chat, args.system.as_deref())?;
         let prompt = model.tokenizer.encode(&text, true).map_err(|e| bad(one_line(&e)))?;
         if prompt.is_empty() {
@@ -54,6 +57,23 @@ mod with_model {
         let max_tokens = args.max_tokens.min(model.n_ctx - prompt.len());
         let plan =
             ChainPlan::new(&args.chain, prompt.len() + max_tokens)?.with_vocab_text(model.tokenizer.vocabulary_bytes());
+        let source = match (source, plan.grammar()) {
+            (Some(_), Some(body)) => {
+                let flag = if args.constraint.grammar.is_some() { "--grammar" } else { "--json-schema" };
+                return Err(bad(format!("{flag} and {} both give a grammar: give one", body.origin())));
+            }
+            (source, body) => source.or_else(|| body.cloned()),
+        };
+        // The grammar's vocabulary is the model's own (pieces as llama.cpp writes them),
+        // compiled before the model runs so that a bad grammar fails fast.
+        let constrained = match &source {
+            Some(source) => {
+                let gv = grammar::load_vocab(&model_path, "--model")?;
+                let name = format!("the vocabulary of --model {}", model_path.display());
+                Some((Constrained::new(source, &gv, &name, gv.len(), args.constraint.grammar_mode)?, name, gv.len()))
+            }
+            None => None,
+        };
 
         let t = Instant::now();
         let mut logits = model.forward(&prompt)?;
@@ -63,6 +83,20 @@ mod with_model {
         for &token in &prompt {
             chain.accept(token);
         }
+        // The prompt is not fed to the grammar (llama.cpp's grammar starts at the first
+        // generated token).
+        let constrained = match constrained {
+            Some((_, name, n)) if n != vocab => {
+                return Err(bad(format!(
+                    "{name} has {n} tokens but the model's logits have {vocab}: the grammar cannot index them"
+                )))
+            }
+            Some((c, _, _)) => {
+                chain = c.attach(chain);
+                Some(c)
+            }
+            None => None,
+        };
 
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
@@ -112,7 +146,7 @@ mod with_model {
                 }
             };
             sampled += 1;
-            if model.tokenizer.is_end_of_generation(token) {
+            if model.tokenizer.is_end_of_generation(token) || constrained.as_ref().is_some_and(|c| c.is_eog(token)) {
                 stop = "end of generation";
                 break;
             }
@@ -153,12 +187,17 @@ mod with_model {
         Ok(())
     }
 
+    /// `--model`, or the default model's path.
+    pub fn model_path(path: Option<&std::path::Path>) -> Result<std::path::PathBuf> {
+        match path {
+            Some(p) => Ok(p.to_path_buf()),
+            None => locate::default_model().map_err(bad),
+        }
+    }
+
     /// Loads `--model`, or the default model.
     pub fn load(path: Option<&std::path::Path>, weights: WeightsArg) -> Result<Model> {
-        let path = match path {
-            Some(p) => p.to_path_buf(),
-            None => locate::default_model().map_err(bad)?,
-        };
+        let path = model_path(path)?;
         let weights = match weights {
             WeightsArg::Auto => Weights::Auto,
             WeightsArg::F32 => Weights::F32,

@@ -23,6 +23,14 @@
 //! | `samplers` | `samplers` | array of names (aliases accepted) or a string of letters (`"edskypmxt"`) |
 //! | `seed` | `seed` | integer `>= 0`; `-1` and `4294967295` (llama.cpp's "random") mean no seed |
 //! | `logit_bias` | `logit_bias` | `[[id, bias], …]` or `{"id": bias, …}`; bias a number or `false` (ban) |
+//! | `grammar` | `grammar` | a GBNF string (`""` = no grammar) |
+//! | `json_schema` | `json_schema` | a JSON schema object (`{}` = any JSON object, as in llama.cpp) |
+//!
+//! `grammar` and `json_schema` (or OpenAI's `response_format`, see [`openai`](super::openai))
+//! are only carried: this crate knows no grammar. The caller compiles them (the
+//! `tokensieve-grammar` crate) and puts the constraint in front of the chain with
+//! [`Chain::with_constraint`](crate::Chain::with_constraint); `tokensieve sample` and
+//! `tokensieve generate` do. Giving both is an error, as in llama.cpp's server.
 //!
 //! Numbers are read as JSON doubles and rounded to f32, as the server does. Where the server
 //! would silently ignore something (a wrong type, an unknown sampler name, a malformed or
@@ -33,8 +41,9 @@
 //!
 //! Fields that do not change how one token is sampled from given logits ([`IGNORED_FIELDS`]:
 //! `prompt`, `messages`, `stream`, `n_predict`, `stop`, …) are accepted and ignored. Sampling
-//! features tokensieve does not have ([`UNSUPPORTED_FIELDS`]: `grammar`, `json_schema`,
-//! `ignore_eos`, …) are accepted only with their "off" value. Anything else is an error.
+//! features tokensieve does not have ([`UNSUPPORTED_FIELDS`]: `grammar_lazy`,
+//! `grammar_triggers`, `ignore_eos`, …) are accepted only with their "off" value. Anything else
+//! is an error.
 
 use super::{LogitBias, Mirostat, SamplerType, SamplingParams};
 use crate::error::{Error, Result};
@@ -71,6 +80,8 @@ pub const FIELDS: &[&str] = &[
     "samplers",
     "seed",
     "logit_bias",
+    "grammar",
+    "json_schema",
 ];
 
 /// Request fields (llama.cpp server or OpenAI) that do not affect sampling one token from given
@@ -101,30 +112,17 @@ pub const IGNORED_FIELDS: &[&str] = &[
 ];
 
 /// Sampling features of llama.cpp's server or OpenAI that tokensieve does not have: accepted
-/// only with the value that turns them off (`grammar: ""`, `grammar_lazy: false`,
-/// `grammar_triggers: []`, `preserved_tokens: []`, `json_schema: {}`,
-/// `response_format: {"type": "text"}`, `ignore_eos: false`, a negative `adaptive_target`,
+/// only with the value that turns them off (`grammar_lazy: false`, `grammar_triggers: []`,
+/// `preserved_tokens: []`, `ignore_eos: false`, a negative `adaptive_target`,
 /// `backend_sampling: false`), an error otherwise.
-pub const UNSUPPORTED_FIELDS: &[&str] = &[
-    "grammar",
-    "grammar_lazy",
-    "grammar_triggers",
-    "preserved_tokens",
-    "json_schema",
-    "response_format",
-    "ignore_eos",
-    "adaptive_target",
-    "backend_sampling",
-];
+pub const UNSUPPORTED_FIELDS: &[&str] =
+    &["grammar_lazy", "grammar_triggers", "preserved_tokens", "ignore_eos", "adaptive_target", "backend_sampling"];
 
 /// For a field of [`UNSUPPORTED_FIELDS`]: whether `v` is its "off" value.
 pub(crate) fn is_off(key: &str, v: &Value) -> bool {
     match key {
-        "grammar" => v.as_str() == Some(""),
         "grammar_lazy" | "ignore_eos" | "backend_sampling" => v == &Value::Bool(false),
         "grammar_triggers" | "preserved_tokens" => v.as_array().is_some_and(Vec::is_empty),
-        "json_schema" => v.as_object().is_some_and(|o| o.is_empty()),
-        "response_format" => v.get("type").and_then(Value::as_str) == Some("text"),
         "adaptive_target" => v.as_f64().is_some_and(|x| x < 0.0),
         _ => false,
     }
@@ -226,9 +224,22 @@ pub(crate) fn set_field(p: &mut SamplingParams, key: &str, v: &Value) -> Result<
         "samplers" => p.samplers = samplers(v)?,
         "seed" => p.seed = seed(v)?,
         "logit_bias" => p.logit_bias = logit_bias(v)?,
+        "grammar" => match v {
+            Value::String(g) => p.grammar = Some(g.clone()).filter(|g| !g.is_empty()),
+            _ => return Err(Error::field(key, format!("must be a GBNF grammar (a string), got {}", type_name(v)))),
+        },
+        "json_schema" => p.json_schema = Some(schema_object(key, v)?),
         _ => return Ok(false),
     }
     Ok(true)
+}
+
+/// A JSON schema: an object (`{}` is llama.cpp's "any JSON object").
+pub(crate) fn schema_object(key: &str, v: &Value) -> Result<Value> {
+    match v {
+        Value::Object(_) => Ok(v.clone()),
+        _ => Err(Error::field(key, format!("must be a JSON schema (an object), got {}", type_name(v)))),
+    }
 }
 
 fn breakers(v: &Value) -> Result<Vec<String>> {
@@ -455,10 +466,42 @@ mod tests {
     fn ignored_and_unsupported_fields() {
         let p = parse(r#"{"prompt": "hi", "n_predict": 8, "stream": true, "stop": ["\n"], "model": "x"}"#).unwrap();
         assert_eq!(p, SamplingParams::default());
-        assert!(parse(r#"{"grammar": "", "ignore_eos": false, "adaptive_target": -1}"#).is_ok());
-        let e = err(r#"{"grammar": "root ::= \"a\""}"#);
-        assert!(e.contains("`grammar`") && e.contains("not supported"), "{e}");
+        assert!(parse(r#"{"grammar_lazy": false, "ignore_eos": false, "adaptive_target": -1}"#).is_ok());
+        let e = err(r#"{"grammar_lazy": true}"#);
+        assert!(e.contains("`grammar_lazy`") && e.contains("not supported"), "{e}");
         assert!(err(r#"{"ignore_eos": true}"#).contains("`ignore_eos`"));
+    }
+
+    #[test]
+    fn grammar_and_json_schema_are_carried() {
+        let p = parse(r#"{"grammar": "root ::= \"a\""}"#).unwrap();
+        assert_eq!(p.grammar.as_deref(), Some("root ::= \"a\""));
+        assert!(p.is_constrained() && p.json_schema.is_none());
+        let p = parse(r#"{"json_schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}"#).unwrap();
+        assert_eq!(p.json_schema.as_ref().unwrap()["properties"]["a"]["type"], "integer");
+        assert!(p.grammar.is_none());
+        // llama.cpp's converter reads `{}` as "any JSON object": a constraint, not "off".
+        assert_eq!(parse(r#"{"json_schema": {}}"#).unwrap().json_schema, Some(serde_json::json!({})));
+        for off in [r#"{"grammar": ""}"#, r#"{"grammar": null, "json_schema": null}"#] {
+            assert!(!parse(off).unwrap().is_constrained(), "{off}");
+        }
+        // Neither changes the chain.
+        assert_eq!(
+            parse(r#"{"grammar": "root ::= \"a\""}"#).unwrap().chain_spec().unwrap(),
+            parse("{}").unwrap().chain_spec().unwrap()
+        );
+        for (body, needle) in [
+            (r#"{"grammar": 1}"#, "field `grammar`: must be a GBNF grammar (a string), got a number"),
+            (r#"{"grammar": ["root ::= \"a\""]}"#, "field `grammar`: must be a GBNF grammar (a string), got an array"),
+            (r#"{"json_schema": "{}"}"#, "field `json_schema`: must be a JSON schema (an object), got a string"),
+            (r#"{"json_schema": true}"#, "field `json_schema`: must be a JSON schema (an object), got a boolean"),
+            (
+                r#"{"grammar": "root ::= \"a\"", "json_schema": {}}"#,
+                "field `grammar`: cannot be combined with `json_schema`",
+            ),
+        ] {
+            assert!(err(body).contains(needle), "{body}: {}", err(body));
+        }
     }
 
     #[test]

@@ -298,6 +298,17 @@ pub struct SamplingParams {
     /// The context size that `-1` windows stand for (not a request field; llama.cpp's server
     /// uses the slot's context). `None`: unknown.
     pub n_ctx: Option<u32>,
+    /// llama.cpp's `grammar`: GBNF text the sampled tokens must follow (`None`, or `""` in a
+    /// body: no grammar). Carried, not applied: [`SamplingParams::build_chain`] ignores it; the
+    /// caller compiles it with `tokensieve-grammar` and attaches it with
+    /// [`Chain::with_constraint`].
+    pub grammar: Option<String>,
+    /// llama.cpp's `json_schema` (also set from OpenAI's `response_format`): a JSON schema the
+    /// output must satisfy, `{}` meaning any JSON object. Carried like
+    /// [`SamplingParams::grammar`]. A `serde_json::Value` sorts object keys (unless serde_json's
+    /// `preserve_order` is on), while llama.cpp's converter follows the document's property
+    /// order: to reproduce it, convert the schema's text as written in the body.
+    pub json_schema: Option<serde_json::Value>,
 }
 
 /// llama.cpp's default DRY sequence breakers.
@@ -342,6 +353,8 @@ impl Default for SamplingParams {
             n: 1,
             post_sampling_probs: false,
             n_ctx: None,
+            grammar: None,
+            json_schema: None,
         }
     }
 }
@@ -390,6 +403,7 @@ impl SamplingParams {
             return Err(Error::field(key.as_str(), "unknown field (not a llama.cpp server or OpenAI sampling field)"));
         }
         openai::resolve_logprobs(&mut params, obj)?;
+        openai::resolve_response_format(&mut params, obj)?;
         Ok(params)
     }
 
@@ -400,6 +414,11 @@ impl SamplingParams {
         } else {
             LogprobsMode::Raw
         }
+    }
+
+    /// True when the body asks for a grammar or a JSON schema (which the caller must apply).
+    pub fn is_constrained(&self) -> bool {
+        self.grammar.is_some() || self.json_schema.is_some()
     }
 
     /// How many top alternatives to report with each token (`n_probs`, never negative).

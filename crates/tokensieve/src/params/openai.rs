@@ -12,20 +12,28 @@
 //! | `logprobs` | `logprobs`, `n_probs` | `true`/`false` (chat), or an integer `>= 0` (completions: the number of alternatives) |
 //! | `top_logprobs` | `top_logprobs`, `n_probs` | integer in 0..=20; needs `logprobs: true` |
 //! | `n` | `n` | integer `>= 1` |
+//! | `response_format` | `json_schema` | `{"type": "text"}` (no constraint), `{"type": "json_object"}` (any JSON object, or `"schema": {…}`), `{"type": "json_schema", "json_schema": {"schema": {…}}}` |
 //!
 //! The shared fields (`temperature` … `seed`) are parsed by [`llama_server`](super::llama_server)
 //! under the same names. As in llama.cpp's server, `logprobs: true` asks for `top_logprobs`
 //! alternatives (20 when `top_logprobs` is absent), and an explicit `n_probs` wins over both.
 //! OpenAI's `frequency_penalty`/`presence_penalty` act through llama.cpp's `penalties` stage
 //! over its `repeat_last_n` window (64 tokens by default), not over the whole text.
+//!
+//! `response_format` becomes a JSON schema as llama.cpp's server turns it into one
+//! (`oaicompat_chat_params_parse`): `json_object` is the schema `{}` (any JSON object, the
+//! converter's reading of an empty schema) unless it carries a `schema`; `json_schema` is its
+//! `json_schema.schema` (`{}` when absent); `text` or no `type` is no constraint. Where llama.cpp
+//! lets one source override another, tokensieve refuses the body instead: `response_format`
+//! with a JSON type together with `json_schema` or `grammar` is an error naming the field.
 
-use super::llama_server::{int_field, type_name};
+use super::llama_server::{int_field, schema_object, type_name};
 use super::SamplingParams;
 use crate::error::{Error, Result};
 use serde_json::{Map, Value};
 
 /// The OpenAI-only fields read by this module.
-pub const FIELDS: &[&str] = &["logprobs", "top_logprobs", "n"];
+pub const FIELDS: &[&str] = &["logprobs", "top_logprobs", "n", "response_format"];
 
 /// Alternatives reported for `logprobs: true` without `top_logprobs` (llama.cpp's choice).
 pub const DEFAULT_TOP_LOGPROBS: u32 = 20;
@@ -45,6 +53,8 @@ pub(crate) fn set_field(p: &mut SamplingParams, key: &str, v: &Value) -> Result<
         },
         "top_logprobs" => p.top_logprobs = Some(int_field(key, v, 0, 20)? as u32),
         "n" => p.n = int_field(key, v, 1, u32::MAX as i64)? as u32,
+        // Read by `resolve_response_format`, once every field is known.
+        "response_format" => {}
         _ => return Ok(false),
     }
     Ok(true)
@@ -67,6 +77,73 @@ pub(crate) fn resolve_logprobs(p: &mut SamplingParams, body: &Map<String, Value>
         _ => {}
     }
     Ok(())
+}
+
+/// After every field is read: turns `response_format` into `json_schema`, and refuses a body
+/// that gives two constraints (`grammar`, `json_schema`, a JSON `response_format`).
+pub(crate) fn resolve_response_format(p: &mut SamplingParams, body: &Map<String, Value>) -> Result<()> {
+    let from_format = match body.get("response_format").filter(|v| !v.is_null()) {
+        Some(v) => response_format(v)?,
+        None => None,
+    };
+    let schema_field = if let Some(schema) = from_format {
+        if p.json_schema.is_some() {
+            return Err(Error::field(
+                "response_format",
+                "gives a JSON schema and so does `json_schema`: give the schema once",
+            ));
+        }
+        p.json_schema = Some(schema);
+        "response_format"
+    } else {
+        "json_schema"
+    };
+    if p.grammar.is_some() && p.json_schema.is_some() {
+        return Err(Error::field(
+            "grammar",
+            format!("cannot be combined with `{schema_field}`: give either a grammar or a JSON schema, not both"),
+        ));
+    }
+    Ok(())
+}
+
+/// The JSON schema a `response_format` stands for (`None`: plain text).
+fn response_format(v: &Value) -> Result<Option<Value>> {
+    let Value::Object(format) = v else {
+        return Err(Error::field(
+            "response_format",
+            format!("must be an object such as {{\"type\": \"json_object\"}}, got {}", type_name(v)),
+        ));
+    };
+    let given = |o: &Map<String, Value>, k: &str| o.get(k).filter(|v| !v.is_null()).cloned();
+    let ty = match format.get("type") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(t)) => t.clone(),
+        Some(t) => return Err(Error::field("response_format.type", format!("must be a string, got {}", type_name(t)))),
+    };
+    let any_object = || Value::Object(Map::new());
+    match ty.as_str() {
+        "" | "text" => Ok(None),
+        "json_object" => match given(format, "schema") {
+            Some(schema) => schema_object("response_format.schema", &schema).map(Some),
+            None => Ok(Some(any_object())),
+        },
+        "json_schema" => match given(format, "json_schema") {
+            None => Ok(Some(any_object())),
+            Some(Value::Object(wrapper)) => match given(&wrapper, "schema") {
+                Some(schema) => schema_object("response_format.json_schema.schema", &schema).map(Some),
+                None => Ok(Some(any_object())),
+            },
+            Some(w) => Err(Error::field(
+                "response_format.json_schema",
+                format!("must be an object {{\"name\": …, \"schema\": {{…}}}}, got {}", type_name(&w)),
+            )),
+        },
+        other => Err(Error::field(
+            "response_format.type",
+            format!("must be \"text\", \"json_object\" or \"json_schema\", got \"{other}\""),
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -104,6 +181,67 @@ mod tests {
         assert_eq!((p.logprobs, p.n_probs), (true, 4));
         assert_eq!(parse(r#"{"logprobs": true, "top_logprobs": 5, "n_probs": 2}"#).unwrap().n_probs, 2);
         assert_eq!(parse(r#"{"logprobs": 4, "n_probs": 1}"#).unwrap().n_probs, 1);
+    }
+
+    #[test]
+    fn response_format_becomes_a_json_schema_as_in_llama_cpp() {
+        let schema = |body: &str| parse(body).unwrap().json_schema;
+        assert_eq!(schema(r#"{"response_format": {"type": "text"}}"#), None);
+        assert_eq!(schema(r#"{"response_format": {}}"#), None);
+        assert_eq!(schema(r#"{"response_format": {"type": "json_object"}}"#), Some(serde_json::json!({})));
+        assert_eq!(
+            schema(r#"{"response_format": {"type": "json_object", "schema": {"type": "array"}}}"#),
+            Some(serde_json::json!({"type": "array"}))
+        );
+        assert_eq!(
+            schema(
+                r#"{"response_format": {"type": "json_schema", "json_schema":
+                    {"name": "x", "strict": true, "schema": {"type": "object", "required": ["a"]}}}}"#
+            ),
+            Some(serde_json::json!({"type": "object", "required": ["a"]}))
+        );
+        assert_eq!(
+            schema(r#"{"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}"#),
+            Some(serde_json::json!({}))
+        );
+        // A text response_format beside a grammar is fine; the grammar stays.
+        let p = parse(r#"{"response_format": {"type": "text"}, "grammar": "root ::= \"a\""}"#).unwrap();
+        assert!(p.grammar.is_some() && p.json_schema.is_none());
+    }
+
+    #[test]
+    fn response_format_errors_name_the_field() {
+        for (body, needle) in [
+            (r#"{"response_format": "json"}"#, "field `response_format`: must be an object"),
+            (
+                r#"{"response_format": {"type": "yaml"}}"#,
+                "field `response_format.type`: must be \"text\", \"json_object\" or \"json_schema\", got \"yaml\"",
+            ),
+            (r#"{"response_format": {"type": 1}}"#, "field `response_format.type`: must be a string"),
+            (
+                r#"{"response_format": {"type": "json_object", "schema": []}}"#,
+                "field `response_format.schema`: must be a JSON schema (an object)",
+            ),
+            (
+                r#"{"response_format": {"type": "json_schema", "json_schema": "s"}}"#,
+                "field `response_format.json_schema`: must be an object",
+            ),
+            (
+                r#"{"response_format": {"type": "json_schema", "json_schema": {"schema": 3}}}"#,
+                "field `response_format.json_schema.schema`: must be a JSON schema (an object), got a number",
+            ),
+            (
+                r#"{"response_format": {"type": "json_object"}, "json_schema": {}}"#,
+                "field `response_format`: gives a JSON schema and so does `json_schema`",
+            ),
+            (
+                r#"{"response_format": {"type": "json_object"}, "grammar": "root ::= \"a\""}"#,
+                "field `grammar`: cannot be combined with `response_format`",
+            ),
+        ] {
+            let e = parse(body).unwrap_err().to_string();
+            assert!(e.contains(needle), "{body}: {e}");
+        }
     }
 
     #[test]
