@@ -27,7 +27,11 @@ use rustc_hash::FxHashMap;
 
 use crate::engine::{Decoded, Engine, Utf8, Verdict, DEAD, EMPTY, HAS_BOTTOM, HAS_TOKEN};
 use crate::error::{Error, Result};
-use crate::trie::TokenIndex;
+use crate::trie::{Slice, TokenIndex};
+
+/// Working out a state's loop alphabet costs about 130 transitions; it is done only for
+/// states met above subtrees at least this large.
+const SLICE_WORTH: usize = 512;
 
 /// How many cached per-stack masks (and per-frame entries) to keep before starting over.
 const MAX_CACHED: usize = 2048;
@@ -219,7 +223,7 @@ fn walk(
     // subtrees made only of them are accepted whole, without walking: the vocabulary's
     // precomputed slice for that alphabet. Alphabets are computed for the states met near
     // the root (few, and where the big subtrees are) and reused deeper when known.
-    let mut slice: Option<(u128, Arc<[u64]>)> = None;
+    let mut slice: Option<(u128, Arc<Slice>)> = None;
     let result = (|| {
         while i < n {
             let depth = trie.depth[i] as usize;
@@ -227,15 +231,14 @@ fn walk(
             if !start.is_pending() && !parent.dec.is_pending() && parent.flags & HAS_TOKEN == 0 {
                 let alphabet = match engine.known_loop_alphabet(parent.set) {
                     Some(a) => a,
-                    None if depth <= 2 => engine.loop_alphabet(parent.set)?,
+                    None if trie.end[i] as usize - i >= SLICE_WORTH => engine.loop_alphabet(parent.set)?,
                     None => 0,
                 };
                 if alphabet != 0 {
                     if slice.as_ref().is_none_or(|(a, _)| *a != alphabet) {
                         slice = Some((alphabet, index.slice(alphabet)));
                     }
-                    let full = &slice.as_ref().expect("set above").1;
-                    if full[i / 64] >> (i % 64) & 1 == 1 {
+                    if slice.as_ref().expect("set above").1.full(i) {
                         trie.tokens_under(i).iter().for_each(|&t| set_bit(accept, t));
                         i = trie.end[i] as usize;
                         continue;
@@ -281,6 +284,25 @@ fn walk(
             }
             frame.dec = dec;
             frames[depth] = frame;
+            if !start.is_pending() && !dec.is_pending() && frame.flags & HAS_TOKEN == 0 {
+                let alphabet = match engine.known_loop_alphabet(frame.set) {
+                    Some(a) => a,
+                    None if trie.end[i] as usize - i >= SLICE_WORTH => engine.loop_alphabet(frame.set)?,
+                    None => 0,
+                };
+                if alphabet != 0 {
+                    if slice.as_ref().is_none_or(|(a, _)| *a != alphabet) {
+                        slice = Some((alphabet, index.slice(alphabet)));
+                    }
+                    if slice.as_ref().expect("set above").1.kids(i) {
+                        // The state after this node loops on the alphabet and everything
+                        // below is made of it: the token here and all below are accepted.
+                        trie.tokens_under(i).iter().for_each(|&t| set_bit(accept, t));
+                        i = trie.end[i] as usize;
+                        continue;
+                    }
+                }
+            }
             let here = trie.tokens_at(i);
             if !here.is_empty() {
                 let verdict = if !dec.is_pending() {

@@ -30,7 +30,7 @@ pub struct TokenIndex {
     is_eog: Vec<bool>,
     pub(crate) trie: Trie,
     /// Per ASCII alphabet: which trie nodes have a subtree made only of its characters.
-    slices: Mutex<FxHashMap<u128, Arc<[u64]>>>,
+    slices: Mutex<FxHashMap<u128, Arc<Slice>>>,
 }
 
 /// The byte trie in depth-first order: node `i`'s subtree is `i..end[i]`; its children start
@@ -163,7 +163,7 @@ impl TokenIndex {
     /// bitset over trie nodes, computed once per alphabet and vocabulary (two passes over the
     /// trie) and shared by every grammar: llguidance's "slicer" idea, for the loops that
     /// accept almost everything (JSON string content, `.*`).
-    pub(crate) fn slice(&self, alphabet: u128) -> Arc<[u64]> {
+    pub(crate) fn slice(&self, alphabet: u128) -> Arc<Slice> {
         use crate::engine::{Decoded, Utf8};
         let mut slices = self.slices.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = slices.get(&alphabet) {
@@ -186,12 +186,10 @@ impl TokenIndex {
             };
             decoders[d] = dec;
         }
-        // Backward: a node is full when it and its whole subtree are fine.
+        // Backward: a node's children are all full, and a node is full when it is fine too.
         let mut full = vec![0u64; n.div_ceil(64)];
+        let mut kids = vec![0u64; n.div_ceil(64)];
         for i in (0..n).rev() {
-            if !fine[i] {
-                continue;
-            }
             let mut all = true;
             let mut j = i + 1;
             while j < t.end[i] as usize {
@@ -202,10 +200,13 @@ impl TokenIndex {
                 j = t.end[j] as usize;
             }
             if all {
-                full[i / 64] |= 1 << (i % 64);
+                kids[i / 64] |= 1 << (i % 64);
+                if fine[i] {
+                    full[i / 64] |= 1 << (i % 64);
+                }
             }
         }
-        let full: Arc<[u64]> = full.into();
+        let full = Arc::new(Slice { full: full.into(), kids: kids.into() });
         if slices.len() >= 64 {
             slices.clear();
         }
@@ -266,6 +267,27 @@ impl TokenIndex {
         }
         trie.tokens = pending.iter().map(|&(_, t)| t).collect();
         trie
+    }
+}
+
+/// Per trie node, for one loop alphabet (see [`TokenIndex::slice`]).
+#[derive(Debug)]
+pub(crate) struct Slice {
+    /// The node starts a character and it and everything below are accepted by the loop.
+    pub full: Box<[u64]>,
+    /// Every child of the node is `full` (a node without children counts).
+    pub kids: Box<[u64]>,
+}
+
+impl Slice {
+    #[inline]
+    pub fn full(&self, node: usize) -> bool {
+        self.full[node / 64] >> (node % 64) & 1 == 1
+    }
+
+    #[inline]
+    pub fn kids(&self, node: usize) -> bool {
+        self.kids[node / 64] >> (node % 64) & 1 == 1
     }
 }
 
