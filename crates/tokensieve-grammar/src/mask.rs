@@ -41,6 +41,8 @@ const MAX_CACHED: usize = 2048;
 pub(crate) struct MaskCache {
     /// How many top frames of a stack key the context-independent cache.
     pub depth: usize,
+    /// Subtree size from which a state's loop alphabet is worked out (`SLICE_WORTH`).
+    pub slice_worth: usize,
     by_stack: FxHashMap<u32, Box<[u32]>>,
     by_frames: FxHashMap<u32, Frames>,
     frames_scratch: Vec<u32>,
@@ -74,6 +76,7 @@ impl MaskCache {
     pub fn with_depth(depth: usize) -> Self {
         MaskCache {
             depth,
+            slice_worth: SLICE_WORTH,
             by_stack: FxHashMap::default(),
             by_frames: FxHashMap::default(),
             frames_scratch: Vec::new(),
@@ -231,7 +234,7 @@ fn walk(
             if !start.is_pending() && !parent.dec.is_pending() && parent.flags & HAS_TOKEN == 0 {
                 let alphabet = match engine.known_loop_alphabet(parent.set) {
                     Some(a) => a,
-                    None if trie.end[i] as usize - i >= SLICE_WORTH => engine.loop_alphabet(parent.set)?,
+                    None if trie.end[i] as usize - i >= cache.slice_worth => engine.loop_alphabet(parent.set)?,
                     None => 0,
                 };
                 if alphabet != 0 {
@@ -287,7 +290,7 @@ fn walk(
             if !start.is_pending() && !dec.is_pending() && frame.flags & HAS_TOKEN == 0 {
                 let alphabet = match engine.known_loop_alphabet(frame.set) {
                     Some(a) => a,
-                    None if trie.end[i] as usize - i >= SLICE_WORTH => engine.loop_alphabet(frame.set)?,
+                    None if trie.end[i] as usize - i >= cache.slice_worth => engine.loop_alphabet(frame.set)?,
                     None => 0,
                 };
                 if alphabet != 0 {

@@ -276,6 +276,14 @@ impl Matcher {
         guard.cache = MaskCache::with_depth(depth.max(1));
     }
 
+    /// Sets the subtree size from which the trie walk looks for a looping state's slice
+    /// (default 512; affects speed only, never the mask). Tests set it low to exercise slices
+    /// on small vocabularies.
+    #[doc(hidden)]
+    pub fn set_slice_threshold(&mut self, nodes: usize) {
+        self.lock().cache.slice_worth = nodes.max(1);
+    }
+
     /// Cache statistics: (stack hits, stack misses, frame-cache misses).
     #[doc(hidden)]
     pub fn cache_stats(&self) -> (u64, u64, u64) {
