@@ -221,12 +221,18 @@ pub fn source(args: &ConstraintArgs, from_body: Option<&GrammarSource>) -> Resul
 /// A token's bytes for a table: quoted, with `"`, `\`, control characters and invalid UTF-8
 /// escaped.
 pub fn quote_bytes(bytes: &[u8]) -> String {
-    let mut s = String::from("\"");
+    format!("\"{}\"", escape_bytes(bytes, true))
+}
+
+/// Bytes as text for a table: valid UTF-8 as is (newlines, tabs and other control characters
+/// escaped; with `quotes`, `"` and `\` too), other bytes as `\xNN`.
+pub fn escape_bytes(bytes: &[u8], quotes: bool) -> String {
+    let mut s = String::new();
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {
             match c {
-                '"' => s.push_str("\\\""),
-                '\\' => s.push_str("\\\\"),
+                '"' if quotes => s.push_str("\\\""),
+                '\\' if quotes => s.push_str("\\\\"),
                 '\n' => s.push_str("\\n"),
                 '\t' => s.push_str("\\t"),
                 '\r' => s.push_str("\\r"),
@@ -238,7 +244,6 @@ pub fn quote_bytes(bytes: &[u8]) -> String {
             s.push_str(&format!("\\x{b:02X}"));
         }
     }
-    s.push('"');
     s
 }
 

@@ -227,25 +227,17 @@ fn walk(
     // precomputed slice for that alphabet. Alphabets are computed for the states met near
     // the root (few, and where the big subtrees are) and reused deeper when known.
     let mut slice: Option<(u128, Arc<Slice>)> = None;
+    let worth = cache.slice_worth;
     let result = (|| {
         while i < n {
             let depth = trie.depth[i] as usize;
             let parent = frames[depth - 1];
             if !start.is_pending() && !parent.dec.is_pending() && parent.flags & HAS_TOKEN == 0 {
-                let alphabet = match engine.known_loop_alphabet(parent.set) {
-                    Some(a) => a,
-                    None if trie.end[i] as usize - i >= cache.slice_worth => engine.loop_alphabet(parent.set)?,
-                    None => 0,
-                };
-                if alphabet != 0 {
-                    if slice.as_ref().is_none_or(|(a, _)| *a != alphabet) {
-                        slice = Some((alphabet, index.slice(alphabet)));
-                    }
-                    if slice.as_ref().expect("set above").1.full(i) {
-                        trie.tokens_under(i).iter().for_each(|&t| set_bit(accept, t));
-                        i = trie.end[i] as usize;
-                        continue;
-                    }
+                let subtree = trie.end[i] as usize - i;
+                if loop_slice(engine, index, &mut slice, parent.set, subtree, worth)?.is_some_and(|s| s.full(i)) {
+                    trie.tokens_under(i).iter().for_each(|&t| set_bit(accept, t));
+                    i = trie.end[i] as usize;
+                    continue;
                 }
             }
             let mut frame = parent;
@@ -288,22 +280,13 @@ fn walk(
             frame.dec = dec;
             frames[depth] = frame;
             if !start.is_pending() && !dec.is_pending() && frame.flags & HAS_TOKEN == 0 {
-                let alphabet = match engine.known_loop_alphabet(frame.set) {
-                    Some(a) => a,
-                    None if trie.end[i] as usize - i >= cache.slice_worth => engine.loop_alphabet(frame.set)?,
-                    None => 0,
-                };
-                if alphabet != 0 {
-                    if slice.as_ref().is_none_or(|(a, _)| *a != alphabet) {
-                        slice = Some((alphabet, index.slice(alphabet)));
-                    }
-                    if slice.as_ref().expect("set above").1.kids(i) {
-                        // The state after this node loops on the alphabet and everything
-                        // below is made of it: the token here and all below are accepted.
-                        trie.tokens_under(i).iter().for_each(|&t| set_bit(accept, t));
-                        i = trie.end[i] as usize;
-                        continue;
-                    }
+                let subtree = trie.end[i] as usize - i;
+                if loop_slice(engine, index, &mut slice, frame.set, subtree, worth)?.is_some_and(|s| s.kids(i)) {
+                    // The state after this node loops on the alphabet and everything below is
+                    // made of it: the token here and all below are accepted.
+                    trie.tokens_under(i).iter().for_each(|&t| set_bit(accept, t));
+                    i = trie.end[i] as usize;
+                    continue;
                 }
             }
             let here = trie.tokens_at(i);
@@ -328,6 +311,31 @@ fn walk(
     })();
     cache.walk = frames;
     result
+}
+
+/// The vocabulary's slice for the loop alphabet of `set` (kept in `slot` across calls), when
+/// the state loops on something: known already, or worked out above a subtree of at least
+/// `worth` nodes.
+fn loop_slice<'s>(
+    engine: &mut Engine,
+    index: &TokenIndex,
+    slot: &'s mut Option<(u128, Arc<Slice>)>,
+    set: u32,
+    subtree: usize,
+    worth: usize,
+) -> Result<Option<&'s Slice>> {
+    let alphabet = match engine.known_loop_alphabet(set) {
+        Some(a) => a,
+        None if subtree >= worth => engine.loop_alphabet(set)?,
+        None => 0,
+    };
+    if alphabet == 0 {
+        return Ok(None);
+    }
+    if slot.as_ref().is_none_or(|(a, _)| *a != alphabet) {
+        *slot = Some((alphabet, index.slice(alphabet)));
+    }
+    Ok(slot.as_ref().map(|(_, s)| &**s))
 }
 
 /// The mask computed token by token with [`Engine::token_verdict`]: the slow, obvious

@@ -291,25 +291,9 @@ fn byte_level_to_bytes(text: &str, decode: &HashMap<char, u8>) -> Vec<u8> {
     out
 }
 
-/// Bytes as text for a table: valid UTF-8 as is (newlines and tabs as `\n`, `\t`), other bytes
-/// as `\xNN`.
+/// Bytes as text for a table (see [`crate::grammar::escape_bytes`]).
 pub fn escape_bytes(bytes: &[u8]) -> String {
-    let mut s = String::new();
-    for chunk in bytes.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            match c {
-                '\n' => s.push_str("\\n"),
-                '\t' => s.push_str("\\t"),
-                '\r' => s.push_str("\\r"),
-                c if c.is_control() => s.push_str(&format!("\\u{{{:x}}}", c as u32)),
-                c => s.push(c),
-            }
-        }
-        for b in chunk.invalid() {
-            s.push_str(&format!("\\x{b:02X}"));
-        }
-    }
-    s
+    crate::grammar::escape_bytes(bytes, false)
 }
 
 #[cfg(test)]
