@@ -62,6 +62,8 @@ struct Frames {
 struct WalkFrame {
     set: u32,
     flags: u8,
+    /// Index of `set`'s loop slice in the walk's slice list, or `NO_SLICE`.
+    slice: u8,
     dec: Utf8,
     uncertain: bool,
 }
@@ -219,26 +221,27 @@ fn walk(
     let mut frames = std::mem::take(&mut cache.walk);
     frames.clear();
     frames.resize(trie.max_depth + 1, WalkFrame::default());
-    frames[0] = WalkFrame { set, flags: engine.flags(set), dec: start.carry(), uncertain: false };
     let n = trie.byte.len();
     let mut i = 0;
     // Where the parse state loops on some ASCII characters (JSON string content, `.*`),
     // subtrees made only of them are accepted whole, without walking: the vocabulary's
     // precomputed slice for that alphabet. Alphabets are computed for the states met near
     // the root (few, and where the big subtrees are) and reused deeper when known.
-    let mut slice: Option<(u128, Arc<Slice>)> = None;
+    let mut slices: Vec<(u128, Arc<Slice>)> = Vec::new();
     let worth = cache.slice_worth;
+    // Slices assume the walk starts at a character boundary.
+    let use_slices = !start.is_pending();
     let result = (|| {
+        let root_slice = if use_slices { loop_slice(engine, index, &mut slices, set, n, worth)? } else { NO_SLICE };
+        frames[0] =
+            WalkFrame { set, flags: engine.flags(set), slice: root_slice, dec: start.carry(), uncertain: false };
         while i < n {
             let depth = trie.depth[i] as usize;
             let parent = frames[depth - 1];
-            if !start.is_pending() && !parent.dec.is_pending() && parent.flags & HAS_TOKEN == 0 {
-                let subtree = trie.end[i] as usize - i;
-                if loop_slice(engine, index, &mut slice, parent.set, subtree, worth)?.is_some_and(|s| s.full(i)) {
-                    trie.tokens_under(i).iter().for_each(|&t| set_bit(accept, t));
-                    i = trie.end[i] as usize;
-                    continue;
-                }
+            if parent.slice != NO_SLICE && !parent.dec.is_pending() && slices[parent.slice as usize].1.full(i) {
+                trie.tokens_under(i).iter().for_each(|&t| set_bit(accept, t));
+                i = trie.end[i] as usize;
+                continue;
             }
             let mut frame = parent;
             let mut dec = parent.dec;
@@ -265,9 +268,6 @@ fn walk(
                         frame.uncertain = true;
                     }
                     frame.set = engine.step(parent.set, cp)?;
-                    if frame.set != parent.set {
-                        frame.flags = engine.flags(frame.set);
-                    }
                     if frame.set == DEAD {
                         if frame.uncertain {
                             uncertain.extend_from_slice(trie.tokens_under(i));
@@ -275,19 +275,25 @@ fn walk(
                         i = trie.end[i] as usize;
                         continue;
                     }
+                    if frame.set != parent.set {
+                        frame.flags = engine.flags(frame.set);
+                        let subtree = trie.end[i] as usize - i;
+                        frame.slice = if use_slices {
+                            loop_slice(engine, index, &mut slices, frame.set, subtree, worth)?
+                        } else {
+                            NO_SLICE
+                        };
+                    }
                 }
             }
             frame.dec = dec;
             frames[depth] = frame;
-            if !start.is_pending() && !dec.is_pending() && frame.flags & HAS_TOKEN == 0 {
-                let subtree = trie.end[i] as usize - i;
-                if loop_slice(engine, index, &mut slice, frame.set, subtree, worth)?.is_some_and(|s| s.kids(i)) {
-                    // The state after this node loops on the alphabet and everything below is
-                    // made of it: the token here and all below are accepted.
-                    trie.tokens_under(i).iter().for_each(|&t| set_bit(accept, t));
-                    i = trie.end[i] as usize;
-                    continue;
-                }
+            if frame.slice != NO_SLICE && !dec.is_pending() && slices[frame.slice as usize].1.kids(i) {
+                // The state after this node loops on the alphabet and everything below is made
+                // of it: the token here and all below are accepted.
+                trie.tokens_under(i).iter().for_each(|&t| set_bit(accept, t));
+                i = trie.end[i] as usize;
+                continue;
             }
             let here = trie.tokens_at(i);
             if !here.is_empty() {
@@ -313,30 +319,40 @@ fn walk(
     result
 }
 
-/// The vocabulary's slice for the loop alphabet of `set` (kept in `slot` across calls), when
-/// the state loops on something: known already, or worked out above a subtree of at least
-/// `worth` nodes.
-fn loop_slice<'s>(
+/// Where `set` loops on some characters: the index in `slot` of the vocabulary's slice for
+/// that alphabet (`NO_SLICE` when it does not, when the alphabet is not known and the subtree
+/// below is smaller than `worth`, or when `slot` is full).
+fn loop_slice(
     engine: &mut Engine,
     index: &TokenIndex,
-    slot: &'s mut Option<(u128, Arc<Slice>)>,
+    slot: &mut Vec<(u128, Arc<Slice>)>,
     set: u32,
     subtree: usize,
     worth: usize,
-) -> Result<Option<&'s Slice>> {
+) -> Result<u8> {
+    if engine.flags(set) & HAS_TOKEN != 0 {
+        return Ok(NO_SLICE);
+    }
     let alphabet = match engine.known_loop_alphabet(set) {
         Some(a) => a,
         None if subtree >= worth => engine.loop_alphabet(set)?,
         None => 0,
     };
     if alphabet == 0 {
-        return Ok(None);
+        return Ok(NO_SLICE);
     }
-    if slot.as_ref().is_none_or(|(a, _)| *a != alphabet) {
-        *slot = Some((alphabet, index.slice(alphabet)));
+    if let Some(at) = slot.iter().position(|(a, _)| *a == alphabet) {
+        return Ok(at as u8);
     }
-    Ok(slot.as_ref().map(|(_, s)| &**s))
+    if slot.len() >= MAX_SLICES_PER_WALK {
+        return Ok(NO_SLICE);
+    }
+    slot.push((alphabet, index.slice(alphabet)));
+    Ok((slot.len() - 1) as u8)
 }
+
+const NO_SLICE: u8 = u8::MAX;
+const MAX_SLICES_PER_WALK: usize = 16;
 
 /// The mask computed token by token with [`Engine::token_verdict`]: the slow, obvious
 /// definition the fast paths are tested against.
