@@ -3,7 +3,7 @@
 //! token by token (mask, then accept), as MaskBench measures.
 //!
 //! ```text
-//! cargo run --release -p tokensieve-bench --bin grammar [-- --vocab PATH] [--json | --write BENCHMARKS.md]
+//! cargo run --release -p tokensieve-bench --bin grammar [-- --vocab PATH --repeat 5] [--json | --write BENCHMARKS.md]
 //! ```
 //!
 //! `--write` replaces the "Grammar masks" section of BENCHMARKS.md (the `report` binary keeps
@@ -134,31 +134,13 @@ fn summary(label: &str, values: &mut [f64]) -> serde_json::Value {
     serde_json::json!({"what": label, "n": values.len(), "p50_us": p50, "p90_us": p90, "p99_us": p99, "max_us": max, "mean_us": mean})
 }
 
-fn main() -> Result<(), String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let json_out = args.iter().any(|a| a == "--json");
-    let vocab_path = match args.iter().position(|a| a == "--vocab") {
-        Some(i) => PathBuf::from(args.get(i + 1).ok_or("--vocab needs a path")?),
-        None => default_vocab().ok_or("no vocabulary: pass --vocab PATH (GGUF or tokenizer.json)")?,
-    };
-
-    let start = Instant::now();
-    let vocab = Vocab::from_file(&vocab_path).map_err(|e| e.to_string())?;
-    let read_ms = start.elapsed().as_secs_f64() * 1e3;
-    let start = Instant::now();
-    let index = Arc::new(TokenIndex::from_vocab(&vocab));
-    let index_ms = start.elapsed().as_secs_f64() * 1e3;
-    let mut mask = vec![0u32; index.words()];
-    // The floor: one pass writing the mask (what any engine must at least do per step).
-    let mut floor = Vec::new();
-    for _ in 0..200 {
-        let start = Instant::now();
-        mask.fill(std::hint::black_box(u32::MAX));
-        std::hint::black_box(&mask);
-        floor.push(start.elapsed().as_secs_f64() * 1e6);
-    }
-    floor.sort_by(f64::total_cmp);
-
+/// One full measurement: every workload, cold and warm; the report as JSON.
+fn measure(
+    index: &Arc<TokenIndex>,
+    vocab_path: &Path,
+    (read_ms, index_ms, floor_us): (f64, f64, f64),
+    mask: &mut [u32],
+) -> Result<serde_json::Value, String> {
     let mut rows = Vec::new();
     let (mut all_cold, mut all_warm, mut all_accept, mut compiles) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let gbnf_json = json_gbnf()?;
@@ -184,7 +166,7 @@ fn main() -> Result<(), String> {
         let mut warm = Walk { masks_us: Vec::new(), accepts_us: Vec::new() };
         for doc in &docs {
             let mut fresh = new_matcher()?;
-            walk(&mut fresh, &index, doc, &mut mask, &mut cold).map_err(|e| format!("{name}: {e}"))?;
+            walk(&mut fresh, &index, doc, mask, &mut cold).map_err(|e| format!("{name}: {e}"))?;
         }
         // Warm: two passes over the documents on clones of one matcher (shared caches); the
         // second pass is measured.
@@ -193,7 +175,7 @@ fn main() -> Result<(), String> {
                 let mut m = template.clone();
                 m.reset();
                 let mut sink = Walk { masks_us: Vec::new(), accepts_us: Vec::new() };
-                walk(&mut m, &index, doc, &mut mask, if pass == 1 { &mut warm } else { &mut sink })
+                walk(&mut m, &index, doc, mask, if pass == 1 { &mut warm } else { &mut sink })
                     .map_err(|e| format!("{name}: {e}"))?;
             }
         }
@@ -209,13 +191,13 @@ fn main() -> Result<(), String> {
         }));
     }
     compiles.sort_by(f64::total_cmp);
-    let report = serde_json::json!({
+    Ok(serde_json::json!({
         "vocab": vocab_path.display().to_string(),
         "n_vocab": index.len(),
         "trie_nodes": index.trie_nodes(),
         "vocab_read_ms": read_ms,
         "index_build_ms": index_ms,
-        "floor_mask_write_us": percentile(&floor, 0.5),
+        "floor_mask_write_us": floor_us,
         "grammars": rows,
         "all": {
             "mask_cold": summary("mask, cold", &mut all_cold),
@@ -223,7 +205,65 @@ fn main() -> Result<(), String> {
             "accept": summary("accept", &mut all_accept),
             "compile_max_us": compiles.last().copied().unwrap_or(f64::NAN),
         }
-    });
+    }))
+}
+
+/// The median, leaf by leaf, of reports with the same shape (numbers; other leaves from the
+/// first report).
+fn median_report(reports: &[serde_json::Value]) -> serde_json::Value {
+    use serde_json::Value;
+    match &reports[0] {
+        Value::Number(_) => {
+            let mut v: Vec<f64> = reports.iter().filter_map(Value::as_f64).collect();
+            v.sort_by(f64::total_cmp);
+            serde_json::json!(v[v.len() / 2])
+        }
+        Value::Object(map) => Value::Object(
+            map.keys()
+                .map(|k| (k.clone(), median_report(&reports.iter().map(|r| r[k].clone()).collect::<Vec<_>>())))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(
+            (0..items.len()).map(|i| median_report(&reports.iter().map(|r| r[i].clone()).collect::<Vec<_>>())).collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+fn main() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let json_out = args.iter().any(|a| a == "--json");
+    let vocab_path = match args.iter().position(|a| a == "--vocab") {
+        Some(i) => PathBuf::from(args.get(i + 1).ok_or("--vocab needs a path")?),
+        None => default_vocab().ok_or("no vocabulary: pass --vocab PATH (GGUF or tokenizer.json)")?,
+    };
+
+    let start = Instant::now();
+    let vocab = Vocab::from_file(&vocab_path).map_err(|e| e.to_string())?;
+    let read_ms = start.elapsed().as_secs_f64() * 1e3;
+    let start = Instant::now();
+    let index = Arc::new(TokenIndex::from_vocab(&vocab));
+    let index_ms = start.elapsed().as_secs_f64() * 1e3;
+    let mut mask = vec![0u32; index.words()];
+    // The floor: one pass writing the mask (what any engine must at least do per step).
+    let mut floor = Vec::new();
+    for _ in 0..200 {
+        let start = Instant::now();
+        mask.fill(std::hint::black_box(u32::MAX));
+        std::hint::black_box(&mask);
+        floor.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    floor.sort_by(f64::total_cmp);
+
+    let repeats: usize = match args.iter().position(|a| a == "--repeat") {
+        Some(i) => args.get(i + 1).and_then(|r| r.parse().ok()).filter(|&r| r > 0).ok_or("--repeat needs a count")?,
+        None => 5,
+    };
+    let mut reports = Vec::new();
+    for _ in 0..repeats {
+        reports.push(measure(&index, &vocab_path, (read_ms, index_ms, percentile(&floor, 0.5)), &mut mask)?);
+    }
+    let report = median_report(&reports);
     if json_out {
         println!("{}", serde_json::to_string_pretty(&report).unwrap());
         return Ok(());
@@ -260,7 +300,7 @@ fn main() -> Result<(), String> {
             md,
             "| {name} | {compile:.0}{} | {} | {} | {} | {:.2} / {:.2} |",
             if name == "all" { " (max)" } else { "" },
-            r["mask_cold"]["n"],
+            r["mask_cold"]["n"].as_f64().unwrap_or(0.0) as u64,
             fmt(&r["mask_cold"]),
             fmt(&r["mask_warm"]),
             r["accept"]["p50_us"].as_f64().unwrap(),
@@ -288,7 +328,8 @@ fn main() -> Result<(), String> {
              accepted (`accept` column). *cold*: a fresh matcher per document (first use of the grammar); *warm*: \
              the documents walked again on clones of one matcher, sharing its caches. Documents are split by greedy \
              longest match over the vocabulary. `compile`: JSON Schema → GBNF (for schemas), parse, build and initial \
-             state.\n\n* machine: {cpu}, {cores} core(s); {rustc}\n* peers (not measured here: no llama.cpp or llguidance \
+             state. Each number is the median over {repeats} full runs (`--repeat`); single runs on this shared \
+             2-core machine vary by about ±30%.\n\n* machine: {cpu}, {cores} core(s); {rustc}\n* peers (not measured here: no llama.cpp or llguidance \
              build on this machine): MaskBench's published single-thread numbers on the same 128K Llama-3 tokenizer \
              (AMD EPYC 7V13, 2025-03, `shared/reference/gbnf.md` §3.3): llama.cpp mask p50 17,021 µs, p99 60,371 µs, \
              max 1,129,560 µs; llguidance p50 46 µs, p99 533 µs, max 33,055 µs; XGrammar p50 9 µs, p99 5,687 µs.\n\n{md}"
