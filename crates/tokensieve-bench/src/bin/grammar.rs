@@ -224,7 +224,9 @@ fn median_report(reports: &[serde_json::Value]) -> serde_json::Value {
                 .collect(),
         ),
         Value::Array(items) => Value::Array(
-            (0..items.len()).map(|i| median_report(&reports.iter().map(|r| r[i].clone()).collect::<Vec<_>>())).collect(),
+            (0..items.len())
+                .map(|i| median_report(&reports.iter().map(|r| r[i].clone()).collect::<Vec<_>>()))
+                .collect(),
         ),
         other => other.clone(),
     }
