@@ -166,7 +166,7 @@ fn measure(
         let mut warm = Walk { masks_us: Vec::new(), accepts_us: Vec::new() };
         for doc in &docs {
             let mut fresh = new_matcher()?;
-            walk(&mut fresh, &index, doc, mask, &mut cold).map_err(|e| format!("{name}: {e}"))?;
+            walk(&mut fresh, index, doc, mask, &mut cold).map_err(|e| format!("{name}: {e}"))?;
         }
         // Warm: two passes over the documents on clones of one matcher (shared caches); the
         // second pass is measured.
@@ -175,7 +175,7 @@ fn measure(
                 let mut m = template.clone();
                 m.reset();
                 let mut sink = Walk { masks_us: Vec::new(), accepts_us: Vec::new() };
-                walk(&mut m, &index, doc, mask, if pass == 1 { &mut warm } else { &mut sink })
+                walk(&mut m, index, doc, mask, if pass == 1 { &mut warm } else { &mut sink })
                     .map_err(|e| format!("{name}: {e}"))?;
             }
         }
