@@ -337,6 +337,21 @@ impl<'l> ReportBuilder<'l> {
     }
 }
 
+/// Top tokens as `text p` (or `text before→after` with `arrows`), joined by `sep`: the table's
+/// and the SVG's labels.
+pub fn tokens_text(top: &[TokenRow], arrows: bool, sep: &str) -> String {
+    top.iter()
+        .map(|t| {
+            if arrows {
+                format!("{} {}→{}", t.text, fmt_p(t.before), fmt_p(t.after))
+            } else {
+                format!("{} {}", t.text, fmt_p(t.after))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
 /// A probability for a table: three decimals, or scientific notation when tiny.
 pub fn fmt_p(p: f64) -> String {
     if p == 0.0 {
@@ -364,18 +379,7 @@ pub fn table(r: &Report) -> String {
         "{:>2}  {:<w$}  {:>cw$} → {:<cw$}  {:>9}  {:>8}  top tokens: p before → after\n",
         "#", "stage", "before", "after", "mass kept", "entropy"
     ));
-    let tops = |top: &[TokenRow], arrows: bool| -> String {
-        top.iter()
-            .map(|t| {
-                if arrows {
-                    format!("{} {}→{}", t.text, fmt_p(t.before), fmt_p(t.after))
-                } else {
-                    format!("{} {}", t.text, fmt_p(t.after))
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("  ")
-    };
+    let tops = |top: &[TokenRow], arrows: bool| tokens_text(top, arrows, "  ");
     s.push_str(&format!(
         "{:>2}  {:<w$}  {:>cw$}   {:<cw$}  {:>9}  {:>6.2} b  {}\n",
         "",

@@ -164,16 +164,7 @@ fn tokens_line(s: &mut String, y: f64, top: &[TokenRow], arrows: bool) {
 }
 
 fn tokens_text(top: &[TokenRow], arrows: bool) -> String {
-    top.iter()
-        .map(|t| {
-            if arrows {
-                format!("{} {}→{}", t.text, fmt_p(t.before), fmt_p(t.after))
-            } else {
-                format!("{} {}", t.text, fmt_p(t.after))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("   ")
+    super::explain::tokens_text(top, arrows, "   ")
 }
 
 /// Text as XML character data: markup characters escaped, characters XML 1.0 does not allow
