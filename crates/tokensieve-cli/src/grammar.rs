@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
-use tokensieve::params::SamplingParams;
+use tokensieve::params::{GrammarTrigger, SamplingParams};
 use tokensieve::{Chain, ConstraintMode};
 use tokensieve_grammar::json_schema::{json_schema_str_to_gbnf, SchemaOptions};
 use tokensieve_grammar::vocab::Vocab;
@@ -34,29 +34,34 @@ pub struct GrammarSource {
     /// A file name (`FILE:LINE:COL: …` in messages) or a description of a body field.
     origin: String,
     is_file: bool,
+    /// A lazy grammar's triggers (a body's `grammar_lazy` and `grammar_triggers`).
+    lazy: Option<Vec<GrammarTrigger>>,
 }
 
 impl GrammarSource {
     /// A GBNF file (`-`: standard input).
     pub fn gbnf_file(path: &Path) -> Result<Self> {
         let (text, origin) = read_text(path)?;
-        Ok(GrammarSource { kind: Kind::Gbnf, text, origin, is_file: true })
+        Ok(GrammarSource { kind: Kind::Gbnf, text, origin, is_file: true, lazy: None })
     }
 
     /// A JSON schema file (`-`: standard input).
     pub fn schema_file(path: &Path) -> Result<Self> {
         let (text, origin) = read_text(path)?;
-        Ok(GrammarSource { kind: Kind::Schema, text, origin, is_file: true })
+        Ok(GrammarSource { kind: Kind::Schema, text, origin, is_file: true, lazy: None })
     }
 
-    /// The grammar a request body asks for (`body` is its text, `name` its file name).
+    /// The grammar a request body asks for (`body` is its text, `name` its file name), lazy
+    /// when it says `grammar_lazy`.
     pub fn from_params(params: &SamplingParams, body: &str, name: &str) -> Option<Self> {
+        let lazy = params.grammar_lazy.then(|| params.grammar_triggers.clone());
         if let Some(grammar) = &params.grammar {
             return Some(GrammarSource {
                 kind: Kind::Gbnf,
                 text: grammar.clone(),
                 origin: format!("--params {name}: field `grammar`"),
                 is_file: false,
+                lazy,
             });
         }
         let schema = params.json_schema.as_ref()?;
@@ -68,6 +73,7 @@ impl GrammarSource {
             text,
             origin: format!("--params {name}: field `{field}`"),
             is_file: false,
+            lazy,
         })
     }
 
@@ -163,14 +169,15 @@ pub struct Constrained {
 }
 
 impl Constrained {
-    /// `source` over `vocab`, which must have exactly `n_vocab` tokens (the logits' size).
-    /// `vocab_name` names the vocabulary in messages.
+    /// `source` over `vocab`, which must have exactly `n_vocab` tokens (the logits' size),
+    /// starting at the rule `args.grammar_root`, in `args.grammar_mode`. `vocab_name` names the
+    /// vocabulary in messages.
     pub fn new(
         source: &GrammarSource,
         vocab: &Vocab,
         vocab_name: &str,
         n_vocab: usize,
-        mode: GrammarModeArg,
+        args: &ConstraintArgs,
     ) -> Result<Self> {
         if vocab.len() != n_vocab {
             return Err(bad(format!(
@@ -179,11 +186,14 @@ impl Constrained {
                 vocab.len()
             )));
         }
-        let grammar = source.compile(None, Some(vocab))?;
+        let grammar = source.compile(Some(&args.grammar_root), Some(vocab))?;
         let index = Arc::new(TokenIndex::from_vocab(vocab));
-        let constraint =
-            GrammarConstraint::new(&grammar, index).map_err(|e| bad(format!("{}: {}", source.origin(), e)))?;
-        let mode = match mode {
+        let constraint = match &source.lazy {
+            None => GrammarConstraint::new(&grammar, index),
+            Some(triggers) => GrammarConstraint::with_triggers(&grammar, index, triggers),
+        }
+        .map_err(|e| bad(format!("{}: {}", source.origin(), e)))?;
+        let mode = match args.grammar_mode {
             GrammarModeArg::Masked => ConstraintMode::MaskFirst,
             GrammarModeArg::Fast => ConstraintMode::Rejection,
         };

@@ -353,6 +353,13 @@ fn sample_grammar_errors() {
     let bad = f.write("bad.gbnf", "root ::= (\"a\"\n");
     fails(&["sample", "--logits", &logits, "--grammar", &bad, "--vocab", &v], &format!("{bad}:"));
     fails(&["sample", "--logits", &logits, "--grammar", &g, "--vocab", &v, "--grammar-mode", "sloppy"], "sloppy");
+    // Another start rule: --grammar-root; one the grammar lacks is an error naming it.
+    let two = f.write("two.gbnf", "root ::= \"{}\"\nalt ::= \"[]\"\n");
+    let alt = ["sample", "--chain", "greedy", "--logits", &logits, "--grammar", &two, "--vocab", &v];
+    let first = |extra: &[&str]| tokens_of(&ok(&[&alt[..], extra].concat()))[0];
+    assert_eq!(TOKENS[first(&[]) as usize].as_bytes()[0], b'{');
+    assert_eq!(TOKENS[first(&["--grammar-root", "alt"]) as usize].as_bytes()[0], b'[');
+    fails(&[&alt[..], &["--grammar-root", "nope"]].concat(), "nope");
     // A grammar with no end-of-generation token to finish with: a clear error, not a panic.
     let no_eos = f.row("no-eos.npy", 15, &[(EOS, f32::NEG_INFINITY)]);
     let done = f.write("done.gbnf", "root ::= \"{}\"\n");
@@ -402,6 +409,25 @@ fn params_bodies_carry_grammars() {
             &logits
         ])),
         [8]
+    );
+    // A lazy grammar: free text (`x`, penalised after one use) until the trigger word `[`,
+    // then the grammar from the trigger on; eagerly, the grammar must start at once.
+    let row = f.row("lazy.npy", 15, &[(8, 10.0), (10, 9.0), (12, 7.0), (11, 6.0), (EOS, 5.0)]);
+    let body = |lazy: bool| {
+        format!(
+            r#"{{"temperature": 0, "presence_penalty": 50, "grammar": "root ::= \"[\" \"true\" \"]\"",
+                "grammar_lazy": {lazy}, "grammar_triggers": [{{"type": 1, "value": "["}}]}}"#
+        )
+    };
+    let run = |body: &str, n: &str| {
+        tokens_of(&ok(&["sample", "--params", &f.write("lazy.json", body), "--logits", &row, "--vocab", &v, "--n", n]))
+    };
+    assert_eq!(run(&body(true), "5"), [8, 10, 12, 11, EOS]);
+    assert_eq!(run(&body(false), "4"), [10, 12, 11, EOS]);
+    let no_trigger = body(true).replace(r#"{"type": 1, "value": "["}"#, "");
+    fails(
+        &["sample", "--params", &f.write("b0.json", &no_trigger), "--logits", &row, "--vocab", &v],
+        "at least one trigger",
     );
     // Errors name the field.
     let body = f.write("b1.json", r#"{"json_schema": {"type": "object"}}"#);

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use regex::bytes::Regex;
+use tokensieve::params::GrammarTrigger;
 use tokensieve::Constraint;
 
 use crate::error::{Error, Result};
@@ -108,6 +109,38 @@ impl GrammarConstraint {
         };
         let patterns: Vec<&str> = pattern.as_deref().into_iter().collect();
         Self::lazy(grammar, vocab, trigger_tokens, &patterns)
+    }
+
+    /// A lazy grammar from a request's `grammar_triggers`
+    /// ([`SamplingParams::grammar_triggers`](tokensieve::params::SamplingParams::grammar_triggers)),
+    /// turned into trigger tokens and patterns as llama.cpp's common sampler does: a word is
+    /// searched as escaped text, a pattern as written, a full pattern anchored at both ends
+    /// (`^…$`, unless it already is).
+    pub fn with_triggers(grammar: &Grammar, vocab: Arc<TokenIndex>, triggers: &[GrammarTrigger]) -> Result<Self> {
+        let mut tokens = Vec::new();
+        let mut patterns = Vec::new();
+        for trigger in triggers {
+            match trigger {
+                GrammarTrigger::Token(t) => {
+                    if *t as usize >= vocab.len() {
+                        return Err(Error::build(format!(
+                            "trigger token {t} is outside the vocabulary of {} tokens",
+                            vocab.len()
+                        )));
+                    }
+                    tokens.push(*t);
+                }
+                GrammarTrigger::Word(w) => patterns.push(regex::escape(w)),
+                GrammarTrigger::Pattern(p) => patterns.push(p.clone()),
+                GrammarTrigger::PatternFull(p) => patterns.push(format!(
+                    "{}{p}{}",
+                    if p.starts_with('^') { "" } else { "^" },
+                    if p.ends_with('$') && !p.is_empty() { "" } else { "$" }
+                )),
+            }
+        }
+        let patterns: Vec<&str> = patterns.iter().map(String::as_str).collect();
+        Self::lazy(grammar, vocab, &tokens, &patterns)
     }
 
     /// The matcher (grammar state).
@@ -238,6 +271,37 @@ mod tests {
         assert!(c.is_active());
         assert!(c.allows(2).unwrap());
         assert!(!c.allows(0).unwrap());
+    }
+
+    #[test]
+    fn request_triggers_become_tokens_and_patterns() {
+        let g = Grammar::new(r#"root ::= "{\"a\":1}""#).unwrap();
+        // A word: escaped (`{` is literal), the grammar starts at it.
+        let mut c = GrammarConstraint::with_triggers(&g, vocab(), &[GrammarTrigger::Word("{\"a\"".into())]).unwrap();
+        c.accept(0).unwrap();
+        assert!(!c.is_active());
+        c.accept(2).unwrap();
+        assert!(c.is_active());
+        assert!(c.allows(3).unwrap() && !c.allows(7).unwrap());
+        // A full pattern must match everything so far: `hello` first, then the object.
+        let full = GrammarTrigger::PatternFull("hello(\\{[\\s\\S]*)".into());
+        let mut c = GrammarConstraint::with_triggers(&g, vocab(), &[full]).unwrap();
+        c.accept(6).unwrap(); // " world": not at the start
+        c.accept(0).unwrap();
+        c.accept(2).unwrap();
+        assert!(!c.is_active(), "the buffer does not start with hello");
+        let full = GrammarTrigger::PatternFull("hello(\\{[\\s\\S]*)".into());
+        let mut c = GrammarConstraint::with_triggers(&g, vocab(), &[full]).unwrap();
+        c.accept(0).unwrap();
+        c.accept(2).unwrap();
+        assert!(c.is_active());
+        // A token, checked against the vocabulary.
+        let mut c = GrammarConstraint::with_triggers(&g, vocab(), &[GrammarTrigger::Token(4)]).unwrap();
+        c.accept(4).unwrap_err(); // the grammar does not start with `<call>`'s text
+        assert!(!c.is_active(), "a rejected trigger token changes nothing");
+        assert!(GrammarConstraint::with_triggers(&g, vocab(), &[GrammarTrigger::Token(99)]).is_err());
+        assert!(GrammarConstraint::with_triggers(&g, vocab(), &[GrammarTrigger::Pattern("(".into())]).is_err());
+        assert!(GrammarConstraint::with_triggers(&g, vocab(), &[]).is_err());
     }
 
     #[test]

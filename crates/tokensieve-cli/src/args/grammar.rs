@@ -20,6 +20,9 @@ pub struct ConstraintArgs {
     /// only if the grammar rejects it: llama.cpp's default).
     #[arg(long, value_enum, value_name = "MODE", default_value_t = GrammarModeArg::Masked)]
     pub grammar_mode: GrammarModeArg,
+    /// The grammar's start symbol (llama.cpp's `grammar_root`).
+    #[arg(long, value_name = "NAME", default_value = "root")]
+    pub grammar_root: String,
 }
 
 /// `--grammar-mode`.

@@ -70,7 +70,7 @@ mod with_model {
             Some(source) => {
                 let gv = grammar::load_vocab(&model_path, "--model")?;
                 let name = format!("the vocabulary of --model {}", model_path.display());
-                Some((Constrained::new(source, &gv, &name, gv.len(), args.constraint.grammar_mode)?, name, gv.len()))
+                Some((Constrained::new(source, &gv, &name, gv.len(), &args.constraint)?, name, gv.len()))
             }
             None => None,
         };

@@ -45,7 +45,7 @@ pub fn run(args: &SampleArgs) -> Result<()> {
         (Some(source), Some(path)) => {
             let vocab = grammar::load_vocab(path, "--vocab")?;
             let name = format!("--vocab {}", path.display());
-            Some(Constrained::new(&source, &vocab, &name, input.vocab, args.constraint.grammar_mode)?)
+            Some(Constrained::new(&source, &vocab, &name, input.vocab, &args.constraint)?)
         }
         (Some(source), None) => {
             return Err(bad(format!(

@@ -25,9 +25,11 @@
 //! | `logit_bias` | `logit_bias` | `[[id, bias], …]` or `{"id": bias, …}`; bias a number or `false` (ban) |
 //! | `grammar` | `grammar` | a GBNF string (`""` = no grammar) |
 //! | `json_schema` | `json_schema` | a JSON schema object (`{}` = any JSON object, as in llama.cpp) |
+//! | `grammar_lazy` | `grammar_lazy` | boolean: the grammar waits for a trigger |
+//! | `grammar_triggers` | `grammar_triggers` | `[{"type": 0-3, "value": "…", "token": id}]` (token, word, pattern, pattern_full) |
 //!
-//! `grammar` and `json_schema` (or OpenAI's `response_format`, see [`openai`](super::openai))
-//! are only carried: this crate knows no grammar. The caller compiles them (the
+//! `grammar` and `json_schema` (or OpenAI's `response_format`, see [`openai`](super::openai)),
+//! and the lazy-grammar fields, are only carried: this crate knows no grammar. The caller compiles them (the
 //! `tokensieve-grammar` crate) and puts the constraint in front of the chain with
 //! [`Chain::with_constraint`](crate::Chain::with_constraint); `tokensieve sample` and
 //! `tokensieve generate` do. Giving both is an error, as in llama.cpp's server.
@@ -41,11 +43,11 @@
 //!
 //! Fields that do not change how one token is sampled from given logits ([`IGNORED_FIELDS`]:
 //! `prompt`, `messages`, `stream`, `n_predict`, `stop`, …) are accepted and ignored. Sampling
-//! features tokensieve does not have ([`UNSUPPORTED_FIELDS`]: `grammar_lazy`,
-//! `grammar_triggers`, `ignore_eos`, …) are accepted only with their "off" value. Anything else
+//! features tokensieve does not have ([`UNSUPPORTED_FIELDS`]: `preserved_tokens`,
+//! `ignore_eos`, …) are accepted only with their "off" value. Anything else
 //! is an error.
 
-use super::{LogitBias, Mirostat, SamplerType, SamplingParams};
+use super::{GrammarTrigger, LogitBias, Mirostat, SamplerType, SamplingParams};
 use crate::error::{Error, Result};
 use serde_json::Value;
 
@@ -112,17 +114,15 @@ pub const IGNORED_FIELDS: &[&str] = &[
 ];
 
 /// Sampling features of llama.cpp's server or OpenAI that tokensieve does not have: accepted
-/// only with the value that turns them off (`grammar_lazy: false`, `grammar_triggers: []`,
-/// `preserved_tokens: []`, `ignore_eos: false`, a negative `adaptive_target`,
-/// `backend_sampling: false`), an error otherwise.
-pub const UNSUPPORTED_FIELDS: &[&str] =
-    &["grammar_lazy", "grammar_triggers", "preserved_tokens", "ignore_eos", "adaptive_target", "backend_sampling"];
+/// only with the value that turns them off (`preserved_tokens: []`, `ignore_eos: false`, a
+/// negative `adaptive_target`, `backend_sampling: false`), an error otherwise.
+pub const UNSUPPORTED_FIELDS: &[&str] = &["preserved_tokens", "ignore_eos", "adaptive_target", "backend_sampling"];
 
 /// For a field of [`UNSUPPORTED_FIELDS`]: whether `v` is its "off" value.
 pub(crate) fn is_off(key: &str, v: &Value) -> bool {
     match key {
-        "grammar_lazy" | "ignore_eos" | "backend_sampling" => v == &Value::Bool(false),
-        "grammar_triggers" | "preserved_tokens" => v.as_array().is_some_and(Vec::is_empty),
+        "ignore_eos" | "backend_sampling" => v == &Value::Bool(false),
+        "preserved_tokens" => v.as_array().is_some_and(Vec::is_empty),
         "adaptive_target" => v.as_f64().is_some_and(|x| x < 0.0),
         _ => false,
     }
@@ -229,9 +229,48 @@ pub(crate) fn set_field(p: &mut SamplingParams, key: &str, v: &Value) -> Result<
             _ => return Err(Error::field(key, format!("must be a GBNF grammar (a string), got {}", type_name(v)))),
         },
         "json_schema" => p.json_schema = Some(schema_object(key, v)?),
+        "grammar_lazy" => p.grammar_lazy = bool_field(key, v)?,
+        "grammar_triggers" => p.grammar_triggers = grammar_triggers(v)?,
         _ => return Ok(false),
     }
     Ok(true)
+}
+
+/// `grammar_triggers`: `[{"type": 0..=3, "value": "…", "token": id}, …]` (`token` only, and
+/// required, for type 0).
+fn grammar_triggers(v: &Value) -> Result<Vec<GrammarTrigger>> {
+    const KEY: &str = "grammar_triggers";
+    let Value::Array(items) = v else {
+        return Err(Error::field(KEY, format!("must be an array of triggers, got {}", type_name(v))));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let bad = |what: String| Error::field(KEY, format!("trigger {i}: {what}"));
+            let Value::Object(t) = t else {
+                return Err(bad(format!("must be an object {{\"type\", \"value\"}}, got {}", type_name(t))));
+            };
+            let value = match t.get("value") {
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => return Err(bad(format!("`value` must be a string, got {}", type_name(other)))),
+                None => return Err(bad("`value` is missing".into())),
+            };
+            match t.get("type").and_then(Value::as_u64) {
+                Some(0) => match t.get("token").and_then(Value::as_u64).and_then(|x| u32::try_from(x).ok()) {
+                    Some(token) => Ok(GrammarTrigger::Token(token)),
+                    None => Err(bad("a token trigger (type 0) needs `token`, a token id".into())),
+                },
+                Some(1) => Ok(GrammarTrigger::Word(value)),
+                Some(2) => Ok(GrammarTrigger::Pattern(value)),
+                Some(3) => Ok(GrammarTrigger::PatternFull(value)),
+                _ => Err(bad(format!(
+                    "`type` must be 0 (token), 1 (word), 2 (pattern) or 3 (pattern_full), got {}",
+                    t.get("type").map_or("nothing".to_string(), |x| x.to_string())
+                ))),
+            }
+        })
+        .collect()
 }
 
 /// A JSON schema: an object (`{}` is llama.cpp's "any JSON object").
@@ -467,9 +506,43 @@ mod tests {
         let p = parse(r#"{"prompt": "hi", "n_predict": 8, "stream": true, "stop": ["\n"], "model": "x"}"#).unwrap();
         assert_eq!(p, SamplingParams::default());
         assert!(parse(r#"{"grammar_lazy": false, "ignore_eos": false, "adaptive_target": -1}"#).is_ok());
-        let e = err(r#"{"grammar_lazy": true}"#);
-        assert!(e.contains("`grammar_lazy`") && e.contains("not supported"), "{e}");
+        let e = err(r#"{"ignore_eos": true}"#);
+        assert!(e.contains("`ignore_eos`") && e.contains("not supported"), "{e}");
         assert!(err(r#"{"ignore_eos": true}"#).contains("`ignore_eos`"));
+    }
+
+    #[test]
+    fn lazy_grammar_triggers_are_carried_and_checked() {
+        let p = parse(
+            r#"{"grammar": "root ::= \"x\"", "grammar_lazy": true, "grammar_triggers": [
+                {"type": 0, "value": "<tool>", "token": 7}, {"type": 1, "value": "<call>"},
+                {"type": 2, "value": "a(b)"}, {"type": 3, "value": "x.*"}]}"#,
+        )
+        .unwrap();
+        assert!(p.grammar_lazy);
+        assert_eq!(
+            p.grammar_triggers,
+            [
+                GrammarTrigger::Token(7),
+                GrammarTrigger::Word("<call>".into()),
+                GrammarTrigger::Pattern("a(b)".into()),
+                GrammarTrigger::PatternFull("x.*".into())
+            ]
+        );
+        assert!(!parse("{}").unwrap().grammar_lazy);
+        for (body, needle) in [
+            (r#"{"grammar_triggers": {}}"#, "must be an array"),
+            (r#"{"grammar_triggers": [3]}"#, "trigger 0: must be an object"),
+            (r#"{"grammar_triggers": [{"type": 1}]}"#, "`value` is missing"),
+            (r#"{"grammar_triggers": [{"type": 1, "value": 2}]}"#, "`value` must be a string"),
+            (r#"{"grammar_triggers": [{"type": 0, "value": "t"}]}"#, "needs `token`"),
+            (r#"{"grammar_triggers": [{"type": 9, "value": "t"}]}"#, "got 9"),
+            (r#"{"grammar_triggers": [{"value": "t"}]}"#, "got nothing"),
+            (r#"{"grammar_lazy": 1}"#, "`grammar_lazy`"),
+        ] {
+            let e = err(body);
+            assert!(e.contains(needle) && e.contains("grammar_"), "{body}: {e}");
+        }
     }
 
     #[test]

@@ -309,6 +309,29 @@ pub struct SamplingParams {
     /// `preserve_order` is on), while llama.cpp's converter follows the document's property
     /// order: to reproduce it, convert the schema's text as written in the body.
     pub json_schema: Option<serde_json::Value>,
+    /// llama.cpp's `grammar_lazy`: the grammar constrains nothing until one of
+    /// [`SamplingParams::grammar_triggers`] appears (tool calls inside free text). Carried like
+    /// [`SamplingParams::grammar`].
+    pub grammar_lazy: bool,
+    /// llama.cpp's `grammar_triggers`: what wakes a lazy grammar (ignored, as by llama.cpp,
+    /// unless [`SamplingParams::grammar_lazy`]).
+    pub grammar_triggers: Vec<GrammarTrigger>,
+}
+
+/// One of llama.cpp's `grammar_triggers`. In a body: `{"type": 0, "value": "…", "token": id}`
+/// with type 0 = token, 1 = word, 2 = pattern, 3 = pattern_full (llama.cpp's
+/// `common_grammar_trigger_type`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GrammarTrigger {
+    /// Accepting this token wakes the grammar, which the token then starts.
+    Token(u32),
+    /// This text anywhere in the output wakes the grammar, which starts at it.
+    Word(String),
+    /// A match of this regular expression anywhere in the output (the grammar starts at its
+    /// first non-empty capture group, or at the match).
+    Pattern(String),
+    /// This regular expression matching the whole output so far.
+    PatternFull(String),
 }
 
 /// llama.cpp's default DRY sequence breakers.
@@ -355,6 +378,8 @@ impl Default for SamplingParams {
             n_ctx: None,
             grammar: None,
             json_schema: None,
+            grammar_lazy: false,
+            grammar_triggers: Vec::new(),
         }
     }
 }
