@@ -71,9 +71,22 @@ fn batch_mode_and_every_row_shape_run() {
 }
 
 #[test]
+fn the_transformers_convention_runs_its_own_default_table() {
+    let (code, stdout, stderr) =
+        run(&["bench", "--convention", "transformers", "--vocab", "2000", "--seconds", "0.01", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON object per line")).collect();
+    assert_eq!(lines.len(), 7);
+    assert!(lines.iter().all(|l| l["convention"] == "transformers"), "{stdout}");
+    assert!(lines[1]["chain"].as_str().unwrap().starts_with("repetition_penalty("), "{stdout}");
+}
+
+#[test]
 fn bad_chains_and_options_are_one_line_errors() {
     for args in [
-        &["bench", "--chain", "top_k(", "--seconds", "0.01"][..],
+        &["bench", "--convention", "vllm", "--seconds", "0.01"][..],
+        &["bench", "--convention", "transformers", "--chain", "penalties(64,1.1,0,0)", "--seconds", "0.01"],
+        &["bench", "--chain", "top_k(", "--seconds", "0.01"],
         &["bench", "--chain", "logprobs(x)"],
         &["bench", "--seconds", "0"],
         &["bench", "--vocab", "0"],

@@ -37,9 +37,15 @@ pub struct BenchArgs {
     pub seconds: f64,
 
     /// One JSON object per line: chain, vocab, batch, threads, median_us, p90_us, floor_us,
-    /// ratio (and tokens_per_s, path, isa).
+    /// ratio (and tokens_per_s, path, isa, convention).
     #[arg(long)]
     pub json: bool,
+
+    /// Whose semantics the chains follow: llama.cpp, or transformers (Hugging Face's logits
+    /// processors). Under transformers the default workloads are the same table in
+    /// generate()'s processor order (temperature first, repetition_penalty for penalties).
+    #[arg(long, value_name = "NAME", default_value = "llama.cpp")]
+    pub convention: String,
 }
 
 /// `--rows`.

@@ -18,7 +18,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 use tokensieve::bench_rows::{self, Shape};
 use tokensieve::sampler::BuildContext;
-use tokensieve::{arch, batch, logprobs, Chain, Logits, LogitsBatch, RngConfig, TokenLogprob};
+use tokensieve::{arch, batch, logprobs, Chain, Convention, Logits, LogitsBatch, RngConfig, TokenLogprob};
 
 /// The workload table.
 const DEFAULT_CHAINS: &[&str] = &[
@@ -27,6 +27,19 @@ const DEFAULT_CHAINS: &[&str] = &[
     "top_p(0.95,1);dist",
     "temperature(0.8);dist",
     "min_p(0.05,1);temperature(0.8);dist",
+    "greedy",
+    "logprobs(20)",
+];
+
+/// The same workloads under the transformers convention, in the order generate() builds its
+/// processors (repetition penalty, temperature, top-k, top-p, min-p), HF's penalty standing
+/// in for llama.cpp's.
+const TRANSFORMERS_CHAINS: &[&str] = &[
+    "temperature(0.8);top_k(40);top_p(0.95);min_p(0.05);dist",
+    "repetition_penalty(1.1);temperature(0.8);top_k(40);top_p(0.95);min_p(0.05);dist",
+    "top_p(0.95);dist",
+    "temperature(0.8);dist",
+    "temperature(0.8);min_p(0.05);dist",
     "greedy",
     "logprobs(20)",
 ];
@@ -49,6 +62,7 @@ struct Line<'a> {
     tokens_per_s: f64,
     path: String,
     isa: String,
+    convention: &'a str,
 }
 
 /// What is timed for one spec.
@@ -72,12 +86,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if !(args.seconds.is_finite() && args.seconds > 0.0 && args.seconds <= 3600.0) {
         return Err(bad(format!("--seconds must be in (0, 3600], got {}", args.seconds)));
     }
+    let convention: Convention = args.convention.parse().map_err(|e| lib("--convention", e))?;
+    let defaults = if convention == Convention::Transformers { TRANSFORMERS_CHAINS } else { DEFAULT_CHAINS };
     let specs: Vec<String> =
-        if args.chain.is_empty() { DEFAULT_CHAINS.iter().map(|s| s.to_string()).collect() } else { args.chain.clone() };
+        if args.chain.is_empty() { defaults.iter().map(|s| s.to_string()).collect() } else { args.chain.clone() };
     let workloads: Vec<Workload> = specs.iter().map(|s| workload(s)).collect::<Result<_>>()?;
     for (spec, w) in specs.iter().zip(&workloads) {
         if let Workload::Chain(c) = w {
-            Chain::from_spec(c, &BuildContext::new(1000, RngConfig::philox(0)))
+            Chain::from_spec(c, &BuildContext::new(1000, RngConfig::philox(0)).with_convention(convention))
                 .map_err(|e| lib(format!("--chain `{spec}`"), e))?;
         }
     }
@@ -111,10 +127,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if !args.json {
             let note = progress.as_ref().map(|_| "").unwrap_or("");
             let line = format!(
-                "{note}V = {v}, batch {batch}, {threads} thread(s), rows {:?} (entropy {:.2} nats), isa {isa}, vectorised expf: {}",
+                "{note}V = {v}, batch {batch}, {threads} thread(s), rows {:?} (entropy {:.2} nats), isa {isa}, vectorised expf: {}, convention {}",
                 args.rows,
                 bench_rows::entropy(&rows[0]),
                 if arch::vectorised_exp() { "yes" } else { "no" },
+                args.convention,
             )
             .to_lowercase();
             print_line(&progress, &mut out, &line)?;
@@ -132,7 +149,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 bar.set_message(format!("V={v} {spec}"));
             }
             let m = match w {
-                Workload::Chain(c) => measure_chain(c, &rows, &pool, args.seconds)?,
+                Workload::Chain(c) => measure_chain(c, convention, &rows, &pool, args.seconds)?,
                 Workload::Logprobs(n) => measure_logprobs(*n, &rows, &pool, args.seconds),
             };
             let ratio = m.median_us / m.floor_us;
@@ -148,6 +165,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 tokens_per_s: (1e6 / m.median_us).round(),
                 path: m.path,
                 isa: isa.clone(),
+                convention: &args.convention,
             };
             let text = if args.json {
                 serde_json::to_string(&line)?
@@ -267,10 +285,19 @@ fn path_name(p: tokensieve::convention::llama_cpp::dense::Path) -> String {
     }
 }
 
-fn measure_chain(spec: &str, rows: &[Vec<f32>], pool: &rayon::ThreadPool, seconds: f64) -> Result<Measured> {
+fn measure_chain(
+    spec: &str,
+    convention: Convention,
+    rows: &[Vec<f32>],
+    pool: &rayon::ThreadPool,
+    seconds: f64,
+) -> Result<Measured> {
     let v = rows[0].len();
     let mut chains: Vec<Chain> = (0..rows.len())
-        .map(|i| Chain::from_spec(spec, &BuildContext::new(v, RngConfig::philox(42).with_sequence(i as u32))))
+        .map(|i| {
+            let ctx = BuildContext::new(v, RngConfig::philox(42).with_sequence(i as u32)).with_convention(convention);
+            Chain::from_spec(spec, &ctx)
+        })
         .collect::<tokensieve::Result<_>>()
         .map_err(|e| lib(format!("--chain `{spec}`"), e))?;
     // A full penalty window: 64 tokens spread over the vocabulary.
