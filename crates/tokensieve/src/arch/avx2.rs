@@ -349,68 +349,223 @@ pub unsafe fn exp_shifted_sum(src: &[f32], div: f32, sub: f32) -> f64 {
     sum
 }
 
-/// See [`super::exp_sum_sequential`]. The gathered entries are queued (in order) and
-/// exponentiated in full vectors once 256 are pending; the queue is added before the next
-/// block's bound is computed from the sum, so the bound lags behind (lower, hence safe).
+/// See [`super::exp_sum_sequential`]. A block where many entries pass the threshold is
+/// added whole, straight from the row (the weights of the others are below half an ulp:
+/// adding them changes nothing, and exponentiating them costs less than packing); from the
+/// other blocks the passing entries are left-packed into a queue, in order. Everything is
+/// added by `add_group`, which sums most weights as integers instead of a chain of
+/// dependent f32 additions.
+///
+/// The bound (natural log of half an ulp of a lower bound of the running sum, see
+/// `log_half_ulp`) is the larger of two: from the sum as last computed (it only
+/// grows), and from the weight `w = expf(m - sub)` of the largest logit `m` of the blocks
+/// before the current one: in the plain loop, the sum right after adding any weight `w` is
+/// `fl(s + w) >= fl(0 + w) = w` (`s >= 0`, rounding is monotone), so every later sum is at
+/// least `w` too. (Not the current block's maximum: it may come after the entries it would
+/// let skip.) This lets the part of the row after a large logit skip blocks before the
+/// queued weights are added.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA (see the module docs).
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32]) -> f32 {
     const QUEUE: usize = 256;
+    // Blocks with at least this many entries at or above the threshold are added whole.
+    const DENSE: usize = 40;
     let mut sum = start;
     let mut bound = super::log_half_ulp(sum);
-    let s = _mm256_set1_ps(sub);
-    // Pending entries; padded with -inf (weight 0, and `sum + 0 == sum`) to whole vectors.
-    let mut vals = [f32::NEG_INFINITY; QUEUE + BLOCK + 8];
-    let mut w = [0.0f32; QUEUE + BLOCK + 8];
+    let mut threshold = super::skip_threshold(sub, bound);
+    let mut prefix_max = f32::NEG_INFINITY;
+    // Two queues: one fills while the other, full, waits until the first is full too. Adding
+    // entries right after packing them would load them while their overlapping stores are
+    // still in flight (store forwarding fails and stalls); a queue later they are not. Both
+    // are padded with -inf (weight 0) to whole vectors before use.
+    let mut queues = [[f32::NEG_INFINITY; QUEUE + BLOCK + 8]; 2];
+    let mut cur = 0;
     let mut n = 0;
-    let mut flush = |vals: &mut [f32], n: usize, sum: &mut f32| {
-        let padded = n.div_ceil(8) * 8;
-        vals[n..padded].fill(f32::NEG_INFINITY);
-        for (v, o) in vals[..padded].chunks_exact(8).zip(w[..padded].chunks_exact_mut(8)) {
-            // SAFETY: `v` and `o` each hold 8 floats.
-            _mm256_storeu_ps(o.as_mut_ptr(), expf8(_mm256_sub_ps(_mm256_loadu_ps(v.as_ptr()), s)));
-        }
-        for &x in &w[..n] {
-            *sum += x;
+    let mut waiting = 0;
+    // Raises `bound` (and `threshold`) to `log_half_ulp(lower)` for a new lower bound `lower`
+    // of the running sum.
+    let raise = |lower: f32, bound: &mut f32, threshold: &mut f32| {
+        let b = super::log_half_ulp(lower);
+        if b > *bound {
+            *bound = b;
+            *threshold = super::skip_threshold(sub, b);
         }
     };
     for (&bm, block) in block_max.iter().zip(row.chunks(BLOCK)) {
+        if bm > prefix_max {
+            raise((prefix_max - sub).exp(), &mut bound, &mut threshold);
+            prefix_max = bm;
+        }
         if bm - sub < bound {
             continue;
         }
-        let threshold = super::skip_threshold(sub, bound);
         let t = _mm256_set1_ps(threshold);
-        let chunks = block.chunks_exact(8);
-        let tail = chunks.remainder();
-        for c in chunks {
-            // SAFETY: `c` holds 8 floats.
-            let x = _mm256_loadu_ps(c.as_ptr());
-            let mask = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as usize;
-            // Left-pack the selected lanes (no branch per entry): lanes past the count are
-            // overwritten by the next store or padded with -inf before use.
-            // SAFETY: the table row holds 8 u32 lane indices < 8.
-            let idx = _mm256_loadu_si256(COMPRESS_LUT[mask].as_ptr() as *const __m256i);
-            let dst = &mut vals[n..n + 8];
-            // SAFETY: `dst` holds 8 floats.
-            _mm256_storeu_ps(dst.as_mut_ptr(), _mm256_permutevar8x32_ps(x, idx));
-            n += mask.count_ones() as usize;
-        }
-        for &x in tail {
-            if x >= threshold {
-                vals[n] = x;
-                n += 1;
+        if block.len() == BLOCK {
+            let mut masks = [0u8; BLOCK / 8];
+            let mut count = 0;
+            for (m, c) in masks.iter_mut().zip(block.chunks_exact(8)) {
+                // SAFETY: `c` holds 8 floats.
+                let x = _mm256_loadu_ps(c.as_ptr());
+                *m = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as u8;
+                count += POPCOUNT[*m as usize] as usize;
+            }
+            if count >= DENSE {
+                // In order: what is queued comes first.
+                if waiting > 0 {
+                    sum = add_queued(sum, &mut queues[1 - cur], waiting, sub);
+                    waiting = 0;
+                }
+                if n > 0 {
+                    sum = add_queued(sum, &mut queues[cur], n, sub);
+                    n = 0;
+                }
+                sum = add_group(sum, block, sub);
+                raise(sum, &mut bound, &mut threshold);
+                continue;
+            }
+            let vals = &mut queues[cur];
+            for (&m, c) in masks.iter().zip(block.chunks_exact(8)) {
+                // SAFETY: `c` holds 8 floats.
+                let x = _mm256_loadu_ps(c.as_ptr());
+                // Left-pack the selected lanes (no branch per entry): lanes past the count are
+                // overwritten by the next store or padded with -inf before use.
+                // SAFETY: the table row holds 8 u32 lane indices < 8.
+                let idx = _mm256_loadu_si256(COMPRESS_LUT[m as usize].as_ptr() as *const __m256i);
+                let dst = &mut vals[n..n + 8];
+                // SAFETY: `dst` holds 8 floats.
+                _mm256_storeu_ps(dst.as_mut_ptr(), _mm256_permutevar8x32_ps(x, idx));
+                n += POPCOUNT[m as usize] as usize;
+            }
+        } else {
+            let vals = &mut queues[cur];
+            for &x in block {
+                if x >= threshold {
+                    vals[n] = x;
+                    n += 1;
+                }
             }
         }
         if n >= QUEUE {
-            flush(&mut vals, n, &mut sum);
+            if waiting > 0 {
+                sum = add_queued(sum, &mut queues[1 - cur], waiting, sub);
+                raise(sum, &mut bound, &mut threshold);
+            }
+            waiting = n;
             n = 0;
-            bound = super::log_half_ulp(sum);
+            cur = 1 - cur;
         }
     }
-    flush(&mut vals, n, &mut sum);
+    if waiting > 0 {
+        sum = add_queued(sum, &mut queues[1 - cur], waiting, sub);
+    }
+    add_queued(sum, &mut queues[cur], n, sub)
+}
+
+/// How many bits of each byte are set (`count_ones` without the `popcnt` feature compiles to
+/// a longer bit trick).
+static POPCOUNT: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut m = 0;
+    while m < 256 {
+        t[m] = (m as u32).count_ones() as u8;
+        m += 1;
+    }
+    t
+};
+
+/// Adds the first `n` entries of `vals` ([`add_group`] per [`BLOCK`]), after padding them
+/// with -inf to a whole vector (`vals` must have room for it).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn add_queued(mut sum: f32, vals: &mut [f32], n: usize, sub: f32) -> f32 {
+    let padded = n.div_ceil(8) * 8;
+    vals[n..padded].fill(f32::NEG_INFINITY);
+    for group in vals[..padded].chunks(BLOCK) {
+        sum = add_group(sum, group, sub);
+    }
     sum
+}
+
+/// `((sum + w_0) + w_1) + …` over `w_i = expf(xs[i] - sub)` in f32, bit for bit, mostly
+/// without a chain of dependent additions. `xs` holds a multiple of 8 and at most [`BLOCK`]
+/// entries; `sum` is `+0.0` or positive.
+///
+/// Exactness. While the running sum `s` stays in one binade `[2^e, 2^(e+1))` its ulp
+/// `u = 2^(e-23)` is fixed and the representable values there are the multiples of `u`, so
+/// rounding to nearest gives `fl(s + w) = s + k·u` with `k` the integer nearest to `w / u`,
+/// provided `w / u` is not a tie (`j + 1/2`: then the even neighbour, i.e. the last bit of
+/// `s`, decides) and `s + k·u <= 2^(e+1)`. Landing on `2^(e+1)` exactly is right too: `s + w`
+/// is then within `u/2` of it, and its neighbours are `2^(e+1) - u` and `2^(e+1) + 2u` (for
+/// the top binade, rounding gives `+inf`, whose bits follow those of `f32::MAX`). The `k` do
+/// not depend on `s`, so all of a group's are computed at once, in vectors, and their total
+/// is added to the bits of `s` (to its significand field `m`; an exact landing carries into
+/// the exponent) when no `w / u` is a tie or beyond the integer range below and
+/// `m + total <= 2^23`. The `k` are non-negative, so each step's partial total is then within
+/// bounds too, and after a landing on `2^(e+1)` every later `k` is 0, i.e. `w < u/2`, below
+/// half the new ulp `2u`: the plain loop leaves the sum there, as the commit does. Otherwise
+/// the weights of the group are added one by one.
+///
+/// Per lane, with `x = w / u = w·2^(150-E)` for the biased exponent `E` of `s`:
+/// `y = fl(x + 2^23)` (one fused rounding of the exact product), clamped to `2^24 + 2`, so
+/// `r = y - 2^23` is an exact integer and `bits(y) - bits(2^23)` equals `r` for
+/// `y <= 2^24` and exceeds 2^23 (failing the room check) beyond; `d = fl(x - r)` (fused, so
+/// from the exact `x`), and `|d| < 1/2` implies `|x - r| < 1/2` (rounding is monotone and 1/2
+/// representable), i.e. `r` is the nearest integer and no tie; `|d| >= 1/2` sends the group
+/// to the plain loop. Lanes stay under `2^23 + 2`, totals of 64 under 2^31. Subnormal weights
+/// are zeroed first (an integer compare on the bits of `w >= 0`): with `E >= 25`,
+/// `u >= 2^-125` and they are below `u/2` (k = 0, no tie) either way, and the FMA is spared
+/// slow microcode assists for subnormal inputs. Sums below 2^-102 (`E < 25`) and `+inf` take
+/// the plain loop.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn add_group(mut sum: f32, xs: &[f32], sub: f32) -> f32 {
+    debug_assert!(xs.len() % 8 == 0 && xs.len() <= BLOCK);
+    let s = _mm256_set1_ps(sub);
+    let bits = sum.to_bits();
+    let e = bits >> 23; // the biased exponent (the sign bit is 0)
+    let fast = (25..=254).contains(&e);
+    // 1/u = 2^(150 - e): biased exponent 277 - e, within 23..=252 where `fast`.
+    let scale = _mm256_set1_ps(if fast { f32::from_bits((277 - e) << 23) } else { 1.0 });
+    let magic = _mm256_set1_ps((1u32 << 23) as f32);
+    let ymax = _mm256_set1_ps(((1u32 << 24) + 2) as f32);
+    let half = _mm256_set1_ps(0.5);
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let min_normal = _mm256_set1_epi32(0x007f_ffff);
+    let mut w = [0.0f32; BLOCK];
+    let mut k = _mm256_setzero_si256();
+    let mut off = _mm256_setzero_ps();
+    for (c, o) in xs.chunks_exact(8).zip(w.chunks_exact_mut(8)) {
+        // SAFETY: `c` and `o` each hold 8 floats.
+        let wv = expf8(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), s));
+        _mm256_storeu_ps(o.as_mut_ptr(), wv);
+        let normal = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_castps_si256(wv), min_normal));
+        let wn = _mm256_and_ps(wv, normal);
+        let y = _mm256_min_ps(_mm256_fmadd_ps(wn, scale, magic), ymax);
+        let r = _mm256_sub_ps(y, magic);
+        let d = _mm256_and_ps(_mm256_fmsub_ps(wn, scale, r), abs);
+        off = _mm256_or_ps(off, _mm256_cmp_ps::<_CMP_GE_OQ>(d, half));
+        k = _mm256_add_epi32(k, _mm256_sub_epi32(_mm256_castps_si256(y), _mm256_castps_si256(magic)));
+    }
+    if fast && _mm256_movemask_ps(off) == 0 {
+        let total = hsum_epi32(k) as u32;
+        if total <= (1 << 23) - (bits & 0x7f_ffff) {
+            return f32::from_bits(bits + total);
+        }
+    }
+    for &x in &w[..xs.len()] {
+        sum += x;
+    }
+    sum
+}
+
+/// The sum of the 8 lanes (the callers' totals stay below 2^31).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b01_00_11_10>(x));
+    let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b10_11_00_01>(x));
+    _mm_cvtsi128_si32(x)
 }
 
 /// For each 8-bit mask, the lane indices of its set bits in order (then zeros).
@@ -438,7 +593,7 @@ const fn compress_lut() -> [[u32; 8]; 256] {
 /// # Safety
 /// The CPU must support AVX2 and FMA (see the module docs).
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn exp_block_sums(src: &[f32], div: f32, sub: f32, approx: bool, out: &mut [f64]) {
+pub unsafe fn exp_block_sums(src: &[f32], div: f32, sub: f32, out: &mut [f64]) {
     let (d, s) = (_mm256_set1_ps(div), _mm256_set1_ps(sub));
     for (o, block) in out.iter_mut().zip(src.chunks(BLOCK)) {
         let mut lo = _mm256_setzero_pd();
@@ -447,8 +602,7 @@ pub unsafe fn exp_block_sums(src: &[f32], div: f32, sub: f32, approx: bool, out:
         let tail = chunks.remainder();
         for c in chunks {
             // SAFETY: `c` holds 8 floats.
-            let x = _mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(c.as_ptr()), d), s);
-            let w = if approx { expf8_approx(x) } else { expf8(x) };
+            let w = expf8(_mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(c.as_ptr()), d), s));
             lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
             hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(w)));
         }
@@ -463,30 +617,89 @@ pub unsafe fn exp_block_sums(src: &[f32], div: f32, sub: f32, approx: bool, out:
     }
 }
 
-/// `e^x` on 8 lanes in f32 (Cephes' `expf` polynomial with fused multiply-adds), for
-/// `x <= 0`, within [`super::APPROX_EXP_REL_ERROR`] of the exact value; 0 below -87.33
-/// (absolute error under 2^-126).
+/// Coefficients of `2^f` on `[-0.5, 0.5]` (degree 5, fitted at the Chebyshev nodes; relative
+/// error 1.0e-7 in exact arithmetic, under [`APPROX_POLY_REL_ERROR`] evaluated in f32). The
+/// linear one rounds to ln 2's f32.
+const EXP2_POLY: [f32; 6] =
+    [1.000_000_1, std::f32::consts::LN_2, 0.240_221_08, 0.055_503_57, 0.009_676_032, 0.001_339_086_3];
+
+/// Relative error of [`exp2_approx`] against `2^y` for `y >= APPROX_Y_MIN` (the `2^f` polynomial
+/// evaluated in f32 with fused multiply-adds; the scaling by `2^n` is exact). Checked by a dense
+/// sweep in the tests.
+pub(super) const APPROX_POLY_REL_ERROR: f64 = 1.0 / (1u64 << 21) as f64;
+
+/// [`exp2_approx`] clamps its argument to this; below it the result and `2^y` are both under
+/// `2^-99`.
+pub(super) const APPROX_Y_MIN: f32 = -100.0;
+
+/// `2^y` on 8 lanes, for `y <= 0.5`, within [`APPROX_POLY_REL_ERROR`] for `y >=`
+/// [`APPROX_Y_MIN`] (and under `2^-99.5` below): `y = n + f` with `n` an integer (by the
+/// 1.5·2^23 rounding trick, which also leaves `n` in the low bits) and `|f| <= 0.5`, then a
+/// quintic for `2^f` whose exponent field gets `n` added. Returns the result and the clamped `y`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn expf8_approx(x: __m256) -> __m256 {
-    let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.33654));
-    let x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654));
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-        x,
-        _mm256_set1_ps(std::f32::consts::LOG2_E),
-    ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-    let mut p = _mm256_set1_ps(1.987_569_1e-4);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.166_666_65));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
-    let r2 = _mm256_mul_ps(r, r);
-    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
-    let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
-    _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(scale)))
+pub(super) unsafe fn exp2_approx(y: __m256) -> (__m256, __m256) {
+    let magic = _mm256_set1_ps(12_582_912.0); // 1.5·2^23
+    let y = _mm256_max_ps(y, _mm256_set1_ps(APPROX_Y_MIN));
+    let k = _mm256_add_ps(y, magic);
+    // `y - n` is exact: `n` is the integer nearest `y`, and `y`'s ulp divides it.
+    let f = _mm256_sub_ps(y, _mm256_sub_ps(k, magic));
+    let mut p = _mm256_set1_ps(EXP2_POLY[5]);
+    for &c in EXP2_POLY[..5].iter().rev() {
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+    }
+    // `k`'s low mantissa bits hold `n` (two's complement); shifted into the exponent field
+    // they add `n` to `p`'s exponent (the high bits of the magic constant shift out).
+    let n = _mm256_slli_epi32::<23>(_mm256_castps_si256(k));
+    (_mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), n)), y)
+}
+
+/// See [`super::exp_block_sums_approx`]: per block, `Σ 2^y` with `y = fl(x·(log2 e / div) +
+/// (-sub·log2 e))` (one fused multiply-add instead of llama.cpp's division and subtraction),
+/// accumulated per lane in f32, and beside it `Σ -2^y·y`, which bounds the error the
+/// different rounding of `y` causes. The last, partial block uses the exact weights. Returns
+/// the error bound.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn exp_block_sums_approx(src: &[f32], div: f32, sub: f32, out: &mut [f64]) -> f64 {
+    let a = _mm256_set1_ps((std::f64::consts::LOG2_E / div as f64) as f32);
+    let b = _mm256_set1_ps((-(sub as f64) * std::f64::consts::LOG2_E) as f32);
+    let mut total = _mm256_setzero_pd();
+    let mut weighted = _mm256_setzero_pd();
+    let full = (src.len() / BLOCK).min(out.len());
+    for (o, block) in out[..full].iter_mut().zip(src.chunks_exact(BLOCK)) {
+        let mut acc = _mm256_setzero_ps();
+        let mut acc_y = _mm256_setzero_ps();
+        for c in block.chunks_exact(8) {
+            // SAFETY: `c` holds 8 floats.
+            let (w, y) = exp2_approx(_mm256_fmadd_ps(_mm256_loadu_ps(c.as_ptr()), a, b));
+            acc = _mm256_add_ps(acc, w);
+            // `y <= 0` but for rounding (see `super::approx_sums_error`): adds `-w·y`.
+            acc_y = _mm256_fnmadd_ps(w, y, acc_y);
+        }
+        let sums = _mm256_add_pd(
+            _mm256_cvtps_pd(_mm256_castps256_ps128(acc)),
+            _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(acc)),
+        );
+        total = _mm256_add_pd(total, sums);
+        weighted = _mm256_add_pd(weighted, _mm256_cvtps_pd(_mm256_castps256_ps128(acc_y)));
+        weighted = _mm256_add_pd(weighted, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(acc_y)));
+        let pair = _mm_add_pd(_mm256_castpd256_pd128(sums), _mm256_extractf128_pd::<1>(sums));
+        *o = _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)));
+    }
+    if let (Some(o), Some(tail)) = (out.get_mut(full), src.get(full * BLOCK..)) {
+        if !tail.is_empty() {
+            *o = tail.iter().map(|&x| (x / div - sub).exp() as f64).sum();
+        }
+    }
+    let mut v = [0.0f64; 4];
+    // SAFETY: `v` holds 4 doubles.
+    _mm256_storeu_pd(v.as_mut_ptr(), total);
+    let total = v.iter().sum::<f64>();
+    _mm256_storeu_pd(v.as_mut_ptr(), weighted);
+    super::approx_sums_error(total, v.iter().sum(), sub, src.len())
 }
 
 /// True when the vectorised `expf` gives `f32::exp`'s bits on a probe set: a sweep of the

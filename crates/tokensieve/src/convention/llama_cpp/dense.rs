@@ -28,12 +28,13 @@
 //!    * `greedy` (when sampling): the first entry equal to the maximum, in the block the
 //!      summary found;
 //!    * `dist`, optionally after `temperature(t > 0)` (when sampling, no overlay): block sums of
-//!      approximate weights (a vectorised f32 `exp`, relative error under 2^-20) locate the
-//!      draw; the choice is certain when the target lies farther than the sums' error bound
-//!      from both ends of the chosen entry's interval. If not, block sums of the exact `expf`
-//!      weights (error bound ~V·2^-52) try again, and if even that cannot decide, the array
-//!      path finishes with the same draw. The approximate `exp` never reaches a value anyone
-//!      sees: it only narrows down where the draw lands.
+//!      approximate weights ([`arch::exp_block_sums_approx`]: base-2 argument by one fused
+//!      multiply-add, a quintic, f32 lane sums, and a certified error bound that is typically
+//!      a few parts in 10^6 of the sum) locate the draw; the choice is certain when the target
+//!      lies farther than the bound from both ends of the chosen entry's interval. If not,
+//!      block sums of the exact `expf` weights (error bound ~V·2^-52) try again, and if even
+//!      that cannot decide, the array path finishes with the same draw. The approximation
+//!      only narrows down where the draw lands; the token is always llama.cpp's.
 //!
 //! Everything else (and every case a fast path cannot prove) builds the array exactly as
 //! [`Candidates::fill`] does and runs the stages from the first.
@@ -57,9 +58,10 @@
 //!
 //! The two selecting paths (`greedy`, `dist`) are used by `sample` only, which then leaves
 //! just the selected candidate in [`Candidates`] (building the full array would cost more than
-//! the selection): its logit as processed and, for `dist`, its probability divided by a sum
-//! computed in a different order (within `1e-12` relative of the array path's, not bit for
-//! bit). The token is always the one the array path selects. `apply` and processed logprobs
+//! the selection): its logit as processed and, for `dist`, its exact weight divided by the sum
+//! of the block sums that located it: within `1e-12` relative of the array path's `p` after
+//! the exact pass, within that pass's certified bound (a few parts in 10^6) after the
+//! approximate one; not bit for bit. The token is always the one the array path selects. `apply` and processed logprobs
 //! always leave the full candidate set.
 
 use crate::arch::{self, Summary, BLOCK};
@@ -313,10 +315,10 @@ fn nth_largest(values: &[f32], need: usize, heap: &mut Vec<f32>) -> Option<f32> 
 }
 
 /// A `tau` with at least `need` block maxima `>= tau` (so at most the `need`-th largest),
-/// without many more than `need` (they decide how much of the row is gathered); `None` when
-/// there are fewer than `need` blocks. Tries `max - gap` with the gap that worked for this
-/// `need` before, counting with one SIMD pass, widening or narrowing the gap a few times;
-/// selects exactly if that does not settle.
+/// without many more than `need` (every extra block is gathered, 64 entries each); `None`
+/// when there are fewer than `need` blocks. Tries `max - gap` with the gap that worked for
+/// this `need` before, counting with one SIMD pass over the block maxima (a few percent of
+/// the row's cost), then bisects the gap a few times; selects exactly if that does not settle.
 fn threshold(need: usize, max: f32, s: &mut Scratch) -> Option<f32> {
     let blocks = s.block_max.len();
     if need == 0 || need > blocks {
@@ -325,14 +327,21 @@ fn threshold(need: usize, max: f32, s: &mut Scratch) -> Option<f32> {
     let slot = s.gaps.iter().position(|g| g.0 == need);
     let mut gap = slot.map_or(4.0, |i| s.gaps[i].1);
     if need * 4 <= blocks && max.is_finite() {
-        for _ in 0..6 {
+        // Gaps known to give too few (`lo`) and too many (`hi`) blocks.
+        let (mut lo, mut hi) = (0.0f32, f32::INFINITY);
+        for _ in 0..10 {
             let tau = max - gap;
             let n = arch::count_ge(&s.block_max, tau);
-            if n >= need && n <= 4 * need + 16 {
+            if n >= need && n <= need + need / 4 + 8 {
                 remember(s, slot, need, gap);
                 return Some(tau);
             }
-            gap = if n < need { gap * 2.0 } else { gap * 0.5 };
+            if n < need {
+                lo = gap;
+            } else {
+                hi = gap;
+            }
+            gap = if hi.is_finite() { 0.5 * (lo + hi) } else { gap * 2.0 };
         }
     }
     let tau = nth_largest(&s.block_max, need, &mut s.heap)?;
@@ -412,10 +421,14 @@ fn top_k(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bool {
         return false;
     }
     let g = &mut s.gathered;
-    if g.len() > k {
+    if g.len() > 2 * k {
         g.select_nth_unstable_by(k, desc);
+        g[..k].sort_unstable_by(desc);
+    } else {
+        // A superset not much larger than k (the usual case): one sort is cheaper than
+        // selecting first.
+        g.sort_unstable_by(desc);
     }
-    g[..k].sort_unstable_by(desc);
     // Distinct kept values, and the first dropped one strictly below the last kept.
     let distinct = g[..k].windows(2).all(|w| w[0].logit != w[1].logit);
     if !distinct || (g.len() > k && g[k - 1].logit == g[k].logit) {
@@ -631,23 +644,23 @@ fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<(
     s.block_sums.resize(r.len().div_ceil(BLOCK), 0.0);
     // Either order of f64 summation is within (V + 8) half-ulps of the exact sum of the
     // weights (each weight an f32, every partial sum <= the total); the approximate weights
-    // add their own relative error (and the exact `expf`'s half ulp).
+    // add their own bound.
     let rounding = (r.len() as f64 + 8.0) * f64::EPSILON * 2.0;
-    arch::exp_block_sums(r, t, max, true, &mut s.block_sums);
-    let approx_err = 2.0 * arch::APPROX_EXP_REL_ERROR + 2.0 * rounding;
-    if let Some(i) = crossing(r, t, max, u, approx_err, s) {
+    let approx_err = arch::exp_block_sums_approx(r, t, max, &mut s.block_sums);
+    if let Some(i) = crossing(r, t, max, u, approx_err, rounding, s) {
         return Some((i, false));
     }
-    arch::exp_block_sums(r, t, max, false, &mut s.block_sums);
-    crossing(r, t, max, u, 2.0 * rounding, s).map(|i| (i, true))
+    arch::exp_block_sums(r, t, max, &mut s.block_sums);
+    crossing(r, t, max, u, 0.0, 2.0 * rounding, s).map(|i| (i, true))
 }
 
-/// The crossing of `u · Σ` over `s.block_sums` (relative error `rel`), resolved inside the
-/// block with exact weights; `None` unless certain.
-fn crossing(r: &[f32], t: f32, max: f32, u: f64, rel: f64, s: &mut Scratch) -> Option<u32> {
+/// The crossing of `u · Σ` over `s.block_sums` (absolute error `abs` on any run of blocks,
+/// plus relative error `rel`), resolved inside the block with exact weights; `None` unless
+/// certain.
+fn crossing(r: &[f32], t: f32, max: f32, u: f64, abs: f64, rel: f64, s: &mut Scratch) -> Option<u32> {
     let sum: f64 = s.block_sums.iter().sum();
     // Flushed or subnormal weights: at most 2^-126 each.
-    let err = sum * rel + r.len() as f64 * 1.2e-38;
+    let err = abs + sum * rel + r.len() as f64 * 1.2e-38;
     let target = sum * u;
     let mut before = 0.0f64;
     let b = s.block_sums.iter().position(|&bs| {
