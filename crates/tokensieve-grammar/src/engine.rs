@@ -64,6 +64,9 @@ struct Class {
     ranges: Box<[(u32, u32)]>,
     /// Match results for code points 0..128, negation applied.
     ascii: u128,
+    /// Bit `b - 0xC0` set when the class may match a character that UTF-8 lead byte `b`
+    /// starts (see [`lead_range`]); clear only when it surely matches none.
+    lead: u64,
     /// Position of the element after the class.
     end: u32,
 }
@@ -219,6 +222,9 @@ pub(crate) struct Engine {
     sets: Vec<SetInfo>,
     members: Vec<u32>,
     set_ids: FxHashMap<Box<[u32]>, u32>,
+    /// Per set: the union of its stacks' classes' `ascii` and `lead` bits (what a character
+    /// must hit for the set not to die), so most dead transitions cost a bit test.
+    viable: Vec<(u128, u64)>,
     ascii: Vec<Option<Box<[u32; 128]>>>,
     /// Per set: the ASCII characters that lead back to the same set (`None`: not computed).
     loops: Vec<Option<u128>>,
@@ -231,6 +237,13 @@ pub(crate) struct Engine {
     todo: Vec<u32>,
     seen: FxHashSet<u32>,
     out: Vec<u32>,
+    /// Scratch buffers of [`Engine::step_slow`].
+    matched: Vec<u32>,
+    next: Vec<u32>,
+    /// `(set, signature) → set`: see [`Engine::step_slow`].
+    by_signature: FxHashMap<(u32, u64), u32>,
+    /// [`Engine::loop_entry`] of the sets asked so far.
+    entries: FxHashMap<u32, (u128, u32)>,
     singletons: FxHashMap<u32, u32>,
 }
 
@@ -257,6 +270,7 @@ impl Engine {
             sets: Vec::new(),
             members: Vec::new(),
             set_ids: FxHashMap::default(),
+            viable: Vec::new(),
             ascii: Vec::new(),
             loops: Vec::new(),
             transitions: FxHashMap::default(),
@@ -265,6 +279,10 @@ impl Engine {
             todo: Vec::new(),
             seen: FxHashSet::default(),
             out: Vec::new(),
+            matched: Vec::new(),
+            next: Vec::new(),
+            by_signature: FxHashMap::default(),
+            entries: FxHashMap::default(),
             singletons: FxHashMap::default(),
         };
         let dead = e.intern_sorted(&[]).expect("the empty set fits");
@@ -282,7 +300,7 @@ impl Engine {
             let set = self.advance(stack)?;
             all.extend_from_slice(self.set_members(set));
         }
-        self.intern_unsorted(all)
+        self.intern_unsorted(&mut all)
     }
 
     // ---- stacks ------------------------------------------------------------------------
@@ -399,9 +417,10 @@ impl Engine {
                 _ => out.push(s),
             }
         }
-        let set = result.and_then(|()| self.intern_unsorted(std::mem::take(&mut out)));
+        let set = result.and_then(|()| self.intern_unsorted(&mut out));
         self.todo = todo;
         self.seen = seen;
+        self.out = out;
         if let Ok(set) = set {
             self.advanced.insert(stack, set);
         }
@@ -410,13 +429,12 @@ impl Engine {
 
     // ---- sets --------------------------------------------------------------------------
 
-    fn intern_unsorted(&mut self, mut stacks: Vec<u32>) -> Result<u32> {
+    /// Interns the set of `stacks` (sorted and deduplicated in place; the caller keeps the
+    /// buffer for reuse).
+    fn intern_unsorted(&mut self, stacks: &mut Vec<u32>) -> Result<u32> {
         stacks.sort_unstable();
         stacks.dedup();
-        let id = self.intern_sorted(&stacks);
-        stacks.clear();
-        self.out = stacks;
-        id
+        self.intern_sorted(stacks)
     }
 
     fn intern_sorted(&mut self, stacks: &[u32]) -> Result<u32> {
@@ -438,6 +456,7 @@ impl Engine {
             )));
         }
         let mut flags = 0;
+        let (mut ascii, mut lead) = (0u128, 0u64);
         for &s in stacks {
             flags |= match s {
                 EMPTY => HAS_EMPTY,
@@ -447,11 +466,18 @@ impl Engine {
                     _ => 0,
                 },
             };
+            if s > BOTTOM {
+                if let Some(class) = self.classes.get(self.class_at[self.top(s) as usize] as usize) {
+                    ascii |= class.ascii;
+                    lead |= class.lead;
+                }
+            }
         }
         let id = self.sets.len() as u32;
         self.sets.push(SetInfo { start: self.members.len() as u32, len: stacks.len() as u32, flags });
         self.members.extend_from_slice(stacks);
         self.set_ids.insert(stacks.into(), id);
+        self.viable.push((ascii, lead));
         self.ascii.push(None);
         self.loops.push(None);
         self.wide.push(None);
@@ -461,6 +487,19 @@ impl Engine {
     pub fn set_members(&self, set: u32) -> &[u32] {
         let info = self.sets[set as usize];
         &self.members[info.start as usize..(info.start + info.len) as usize]
+    }
+
+    /// The ASCII characters some stack of `set` takes (as bits): the others kill it.
+    #[inline]
+    pub fn ascii_viable(&self, set: u32) -> u128 {
+        self.viable[set as usize].0
+    }
+
+    /// False when no character starting with UTF-8 lead byte `lead` (0xC0..=0xFF) can be
+    /// consumed by `set`: every token whose next character starts so dies there.
+    #[inline]
+    pub fn lead_viable(&self, set: u32, lead: u8) -> bool {
+        self.viable[set as usize].1 >> (lead.wrapping_sub(0xC0) & 63) & 1 == 1
     }
 
     /// `HAS_EMPTY | HAS_BOTTOM | HAS_TOKEN` bits of `set`.
@@ -490,7 +529,11 @@ impl Engine {
         }
         let mut bits = 0u128;
         if set != DEAD {
-            for c in 1..128u32 {
+            // A character no class takes kills the set: only the others can loop.
+            let mut viable = self.viable[set as usize].0 & !1;
+            while viable != 0 {
+                let c = viable.trailing_zeros();
+                viable &= viable - 1;
                 if self.step(set, c)? == set {
                     bits |= 1 << c;
                 }
@@ -516,6 +559,74 @@ impl Engine {
         }
         self.loops[set as usize] = Some(bits);
         Ok(bits)
+    }
+
+    /// An alphabet `A` (as in [`Engine::loop_alphabet`]) such that every character of `A` takes
+    /// `set` to one same set that loops on `A` (`set` itself when it loops): then every token
+    /// made only of `A`'s characters is accepted from `set`, the first character entering the
+    /// loop and the others staying in it. Returns the alphabet (0 when none is found: a few
+    /// candidates are tried, the sets reached on the first characters that do not kill `set`)
+    /// and the looping set.
+    pub fn loop_entry(&mut self, set: u32) -> Result<(u128, u32)> {
+        if let Some(&entry) = self.entries.get(&set) {
+            return Ok(entry);
+        }
+        let mut found = (0, DEAD);
+        if set != DEAD && self.flags(set) & HAS_TOKEN == 0 {
+            found = (self.loop_alphabet(set)?, set);
+            let mut tried = [DEAD; 3];
+            let mut n_tried = 0;
+            let mut viable = self.viable[set as usize].0 & !1;
+            while found.0 == 0 && viable != 0 && n_tried < tried.len() {
+                let c = viable.trailing_zeros();
+                viable &= viable - 1;
+                let target = self.step(set, c)?;
+                if target == DEAD || tried[..n_tried].contains(&target) {
+                    continue;
+                }
+                tried[n_tried] = target;
+                n_tried += 1;
+                if self.flags(target) & HAS_TOKEN != 0 {
+                    continue;
+                }
+                let alphabet = self.loop_alphabet(target)?;
+                if alphabet != 0 && self.all_step_to(set, alphabet, target)? {
+                    found = (alphabet, target);
+                }
+            }
+        }
+        self.entries.insert(set, found);
+        Ok(found)
+    }
+
+    /// Does every character of `alphabet` (bit 0: every code point from 128 up) take `set` to
+    /// `target`?
+    fn all_step_to(&mut self, set: u32, alphabet: u128, target: u32) -> Result<bool> {
+        let mut ascii = alphabet & !1;
+        while ascii != 0 {
+            let c = ascii.trailing_zeros();
+            ascii &= ascii - 1;
+            if self.step(set, c)? != target {
+                return Ok(false);
+            }
+        }
+        if alphabet & 1 == 1 {
+            // Every interval of the wide table answers for all of its code points.
+            if self.sets[set as usize].len > 64 {
+                return Ok(false);
+            }
+            if self.wide[set as usize].is_none() {
+                let table = self.wide_table(set);
+                self.wide[set as usize] = Some(Box::new(table));
+            }
+            let bounds = self.wide[set as usize].as_ref().expect("built above").bounds.clone();
+            for b in bounds {
+                if self.step(set, b)? != target {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// [`Engine::loop_alphabet`] if already computed.
@@ -561,7 +672,8 @@ impl Engine {
     #[inline(never)]
     fn step_table(&mut self, set: u32, cp: u32) -> Result<u32> {
         if cp < 128 {
-            let next = self.step_slow(set, cp)?;
+            // No stack's class takes the character: the set dies, nothing to compute.
+            let next = if self.viable[set as usize].0 >> cp & 1 == 0 { DEAD } else { self.step_slow(set, cp)? };
             self.ascii[set as usize].get_or_insert_with(|| Box::new([UNKNOWN; 128]))[cp as usize] = next;
             return Ok(next);
         }
@@ -624,29 +736,65 @@ impl Engine {
                 self.limits.max_mask_transitions
             )));
         }
-        let g = Arc::clone(&self.grammar);
+        // The result depends only on which stacks' classes match `cp`: characters that match
+        // the same stacks share it (all letters in a string, a run of digits), so it is
+        // memoised by that signature (a bit per stack, for sets of up to 64 stacks).
         let info = self.sets[set as usize];
-        let mut next: Vec<u32> = Vec::new();
-        for i in info.start..info.start + info.len {
+        let mut sig = 0u64;
+        let mut matched = std::mem::take(&mut self.matched);
+        matched.clear();
+        for (k, i) in (info.start..info.start + info.len).enumerate() {
             let s = self.members[i as usize];
             if s <= BOTTOM {
                 continue;
             }
-            let Node { pos, parent } = self.nodes[s as usize];
-            let class = self.class_at[pos as usize];
-            if class == u32::MAX {
-                continue; // a token element: characters do not match it
+            let class = self.class_at[self.nodes[s as usize].pos as usize];
+            // A token element on top: characters do not match it.
+            if class != u32::MAX && self.classes[class as usize].matches(cp) {
+                matched.push(s);
+                if k < 64 {
+                    sig |= 1 << k;
+                }
             }
-            let class = &self.classes[class as usize];
-            if !class.matches(cp) {
-                continue;
-            }
-            let end = class.end;
-            let moved = if g.elems[end as usize].is_end_of_sequence() { parent } else { self.push(parent, end)? };
-            let advanced = self.advance(moved)?;
-            next.extend_from_slice(self.set_members(advanced));
         }
-        self.intern_unsorted(next)
+        let memo = info.len <= 64;
+        if memo {
+            if let Some(&next) = self.by_signature.get(&(set, sig)) {
+                self.matched = matched;
+                return Ok(next);
+            }
+        }
+        let result = self.step_matched(&matched);
+        self.matched = matched;
+        let next = result?;
+        if memo {
+            self.by_signature.insert((set, sig), next);
+        }
+        Ok(next)
+    }
+
+    /// The set reached when the stacks `matched` (each topped by a class that took the
+    /// character) move past their class and are advanced.
+    fn step_matched(&mut self, matched: &[u32]) -> Result<u32> {
+        let g = Arc::clone(&self.grammar);
+        let mut next = std::mem::take(&mut self.next);
+        next.clear();
+        let mut result = Ok(());
+        for &s in matched {
+            let Node { pos, parent } = self.nodes[s as usize];
+            let end = self.classes[self.class_at[pos as usize] as usize].end;
+            let moved = if g.elems[end as usize].is_end_of_sequence() { Ok(parent) } else { self.push(parent, end) };
+            match moved.and_then(|m| self.advance(m)) {
+                Ok(advanced) => next.extend_from_slice(self.set_members(advanced)),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let set = result.and_then(|()| self.intern_unsorted(&mut next));
+        self.next = next;
+        set
     }
 
     /// Does a token that ends (mid-character) with `partial` pending survive in `set`?
@@ -786,7 +934,7 @@ impl Engine {
                 }
             }
         }
-        Ok((self.intern_unsorted(all)?, dec))
+        Ok((self.intern_unsorted(&mut all)?, dec))
     }
 }
 
@@ -833,7 +981,7 @@ fn compile_class(elems: &[Element], start: usize) -> Class {
             break;
         }
     }
-    let mut class = Class { positive, any, ranges: ranges.into(), ascii: 0, end: p as u32 };
+    let mut class = Class { positive, any, ranges: ranges.into(), ascii: 0, lead: 0, end: p as u32 };
     let mut ascii = 0u128;
     for cp in 0..128u32 {
         let hit = class.any || class.ranges.iter().any(|&(lo, hi)| lo <= cp && cp <= hi) == class.positive;
@@ -842,7 +990,37 @@ fn compile_class(elems: &[Element], start: usize) -> Class {
         }
     }
     class.ascii = ascii;
+    for b in 0xC0..=0xFFu8 {
+        let (lo, hi) = lead_range(b);
+        let hit = class.any
+            || if class.positive {
+                class.ranges.iter().any(|&(l, h)| l <= hi && lo <= h)
+            } else {
+                // Some value of [lo, hi] escapes the excluded ranges unless one range covers
+                // it all (ranges are not merged: "may match" is the safe answer).
+                !class.ranges.iter().any(|&(l, h)| l <= lo && hi <= h)
+            };
+        if hit {
+            class.lead |= 1 << (b - 0xC0);
+        }
+    }
     class
+}
+
+/// The code points a character starting with lead byte `b` (0xC0..=0xFF) can decode to, as
+/// [`Utf8::step`] decodes: the lead's payload followed by any 6-bit continuation payloads
+/// (continuation bytes inside a token are not checked, so this is every such value).
+fn lead_range(b: u8) -> (u32, u32) {
+    let mut dec = Utf8::default();
+    match dec.step(b) {
+        Decoded::Pending => {
+            let shift = 6 * dec.n_remain as u32;
+            let lo = dec.value << shift;
+            (lo, lo | ((1 << shift) - 1))
+        }
+        // Only lead bytes reach here; an impossible answer keeps the class "may match".
+        _ => (0, u32::MAX),
+    }
 }
 
 #[cfg(test)]

@@ -7,16 +7,19 @@
 //!    document keeps coming back to the same stacks: inside a string, after a comma, …).
 //! 2. A stack seen for the first time is split: its top [`MaskCache::depth`] frames (the
 //!    *context-independent* part, XGrammar's term) are looked up in a second cache that holds
-//!    the tokens accepted whatever lies below those frames, plus the short list of tokens that
-//!    reach below them ("uncertain"). Only the uncertain tokens are checked against the real
-//!    stack, one by one. Frames near the top recur across many stacks (every JSON string has
-//!    the same top frames), so this cache is filled a few times per grammar.
+//!    the tokens accepted whatever lies below those frames, plus the parts of the trie whose
+//!    tokens reach below them ("uncertain"). Only those parts are walked again from the real
+//!    stack. Frames near the top recur across many stacks (every JSON string has the same top
+//!    frames), so this cache is filled a few times per grammar.
 //! 3. Filling that cache walks the vocabulary's byte trie depth-first, carrying the parse
 //!    state down the path (transitions are memoised, so a step is a table lookup) and skipping
-//!    a whole subtree at the first byte no stack accepts.
+//!    a whole subtree at the first byte no stack accepts (for a multi-byte character, at its
+//!    lead byte when no class can match any character it starts).
 //! 4. Where the state loops on a set of ASCII characters (JSON string content, `.*`), a
 //!    subtree made only of those characters is accepted whole without walking it, from a
-//!    per-vocabulary "slice" computed once per alphabet (llguidance's slicer idea).
+//!    per-vocabulary "slice" computed once per alphabet (llguidance's slicer idea). Where
+//!    every character of such an alphabet *enters* the loop (the start of a string's
+//!    content), the slice's precomputed mask of the tokens made of it is set at once.
 //!
 //! Every path is checked against [`Engine::token_verdict`], the token-by-token definition
 //! that follows llama.cpp's `llama_grammar_reject_candidates`.
@@ -43,7 +46,9 @@ pub(crate) struct MaskCache {
     pub depth: usize,
     /// Subtree size from which a state's loop alphabet is worked out (`SLICE_WORTH`).
     pub slice_worth: usize,
-    by_stack: FxHashMap<u32, Box<[u32]>>,
+    /// Per stack: its mask (shared with the `by_frames` entry when no uncertain token of it
+    /// is accepted).
+    by_stack: FxHashMap<u32, Arc<Vec<u32>>>,
     by_frames: FxHashMap<u32, Frames>,
     frames_scratch: Vec<u32>,
     stacks_scratch: Vec<u32>,
@@ -54,8 +59,8 @@ pub(crate) struct MaskCache {
 
 #[derive(Debug)]
 struct Frames {
-    accept: Box<[u32]>,
-    uncertain: Box<[u32]>,
+    accept: Arc<Vec<u32>>,
+    uncertain: Arc<[u32]>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -66,6 +71,9 @@ struct WalkFrame {
     slice: u8,
     dec: Utf8,
     uncertain: bool,
+    /// Every node on the path from the root passes in the walk's entry slice: the tokens
+    /// below that slice covers are decided already.
+    covered: bool,
 }
 
 impl Default for MaskCache {
@@ -135,7 +143,7 @@ pub(crate) fn fill(
         // After a token that ended inside a character, or with token elements on top: walk
         // the whole state (rare; not cached).
         let mut uncertain = Vec::new();
-        walk(engine, cache, index, set, utf8, out, &mut uncertain)?;
+        walk(engine, cache, index, set, utf8, out, &mut uncertain, &[])?;
     } else {
         let mut stacks = std::mem::take(&mut cache.stacks_scratch);
         stacks.clear();
@@ -175,22 +183,23 @@ fn or_stack_mask(
         let set = engine.singleton(key)?;
         let mut accept = vec![0u32; index.words()];
         let mut uncertain = Vec::new();
-        walk(engine, cache, index, set, Utf8::default(), &mut accept, &mut uncertain)?;
+        walk(engine, cache, index, set, Utf8::default(), &mut accept, &mut uncertain, &[])?;
         if cache.by_frames.len() >= MAX_CACHED {
             cache.by_frames.clear();
         }
-        cache.by_frames.insert(key, Frames { accept: accept.into(), uncertain: uncertain.into() });
+        cache.by_frames.insert(key, Frames { accept: Arc::new(accept), uncertain: uncertain.into() });
     }
     let entry = &cache.by_frames[&key];
-    let mut mask = entry.accept.clone();
+    let mut mask = Arc::clone(&entry.accept);
     if !entry.uncertain.is_empty() {
-        let uncertain = entry.uncertain.clone();
+        // Settle the uncertain regions on the real stack (no BOTTOM there: nothing stays
+        // uncertain).
+        let regions = Arc::clone(&entry.uncertain);
         let set = engine.singleton(stack)?;
-        for &t in uncertain.iter() {
-            if engine.token_verdict(set, Utf8::default(), t, index.token_bytes(t))? == Verdict::Accept {
-                set_bit(&mut mask, t);
-            }
-        }
+        let mut none = Vec::new();
+        let settled: &mut Vec<u32> = Arc::make_mut(&mut mask);
+        walk(engine, cache, index, set, Utf8::default(), settled, &mut none, &regions)?;
+        debug_assert!(none.is_empty(), "a real stack left tokens uncertain");
     }
     or_into(out, &mask);
     if cache.by_stack.len() >= MAX_CACHED {
@@ -206,8 +215,21 @@ fn or_into(out: &mut [u32], mask: &[u32]) {
     }
 }
 
+/// An uncertain part of the trie (see [`walk`]): node `r >> 1`, with its whole subtree when
+/// `r & 1` is set, else only the tokens ending at it.
+fn region(node: usize, subtree: bool) -> u32 {
+    (node as u32) << 1 | u32::from(subtree)
+}
+
 /// Depth-first walk of the token trie from `set`: sets the bits of accepted tokens in
-/// `accept` and lists the tokens whose fate depends on frames below a truncated stack.
+/// `accept` and lists in `uncertain` the regions (see [`region`]), in trie order, whose
+/// tokens' fate depends on frames below a truncated stack.
+///
+/// With `only` non-empty (regions, in trie order) the walk decides just the tokens of those
+/// regions, visiting the nodes above them to carry the state down: how the uncertain tokens
+/// of a truncated stack's walk are settled on the real stack, sharing the steps of common
+/// prefixes instead of checking the tokens one by one.
+#[allow(clippy::too_many_arguments)]
 fn walk(
     engine: &mut Engine,
     cache: &mut MaskCache,
@@ -216,6 +238,7 @@ fn walk(
     start: Utf8,
     accept: &mut [u32],
     uncertain: &mut Vec<u32>,
+    only: &[u32],
 ) -> Result<()> {
     let trie = &index.trie;
     let mut frames = std::mem::take(&mut cache.walk);
@@ -229,15 +252,105 @@ fn walk(
     // the root (few, and where the big subtrees are) and reused deeper when known.
     let mut slices: Vec<(u128, Arc<Slice>)> = Vec::new();
     let worth = cache.slice_worth;
-    // Slices assume the walk starts at a character boundary.
-    let use_slices = !start.is_pending();
+    // Slices assume the walk starts at a character boundary; a restricted walk covers little.
+    let use_slices = !start.is_pending() && only.is_empty();
+    let mut next_region = 0;
     let result = (|| {
         let root_slice = if use_slices { loop_slice(engine, index, &mut slices, set, n, worth)? } else { NO_SLICE };
-        frames[0] =
-            WalkFrame { set, flags: engine.flags(set), slice: root_slice, dec: start.carry(), uncertain: false };
+        // Where every character of some loop's alphabet enters that loop (the first character
+        // of a JSON string's content), all tokens made of the alphabet are accepted: the
+        // slice's precomputed mask, set at once; the walk then skips the subtrees it covers.
+        let mut entry = NO_SLICE;
+        let plain = |flags: u8| flags & (HAS_TOKEN | HAS_BOTTOM) == 0;
+        if use_slices && n >= worth && plain(engine.flags(set)) && engine.ascii_viable(set).count_ones() >= MIN_ENTRY {
+            let (alphabet, target) = engine.loop_entry(set)?;
+            if alphabet != 0 && plain(engine.flags(target)) {
+                entry = slot_of(index, &mut slices, alphabet);
+            }
+            if entry != NO_SLICE {
+                let slice = Arc::clone(&slices[entry as usize].1);
+                or_into(accept, &slice.tokens);
+                // Tokens that end inside a character: a verdict per decoder state (no BOTTOM
+                // in either set, so none is uncertain).
+                let mut last = None;
+                for &(dec, entered, t) in slice.partial.iter() {
+                    let accepted = match last {
+                        Some((d, e, verdict)) if (d, e) == (dec, entered) => verdict,
+                        _ => {
+                            let verdict =
+                                engine.partial_verdict(if entered { target } else { set }, dec) == Verdict::Accept;
+                            last = Some((dec, entered, verdict));
+                            verdict
+                        }
+                    };
+                    if accepted {
+                        set_bit(accept, t);
+                    }
+                }
+            }
+        }
+        // The first bytes some stack can start a character with (the others kill the set, and
+        // with no BOTTOM nor token element nothing is uncertain): the root's other children
+        // are skipped without stepping. Most walks start from one stack with one first
+        // character, so this is most of the trie's top level.
+        let mut first = [u64::MAX; 4];
+        if only.is_empty() && !start.is_pending() && plain(engine.flags(set)) {
+            let ascii = engine.ascii_viable(set);
+            first = [ascii as u64, (ascii >> 64) as u64, 0, 0];
+            for lead in 0xC0..=0xFFu8 {
+                if engine.lead_viable(set, lead) {
+                    first[3] |= 1 << (lead - 0xC0);
+                }
+            }
+        }
+        frames[0] = WalkFrame {
+            set,
+            flags: engine.flags(set),
+            slice: root_slice,
+            dec: start.carry(),
+            uncertain: false,
+            covered: entry != NO_SLICE,
+        };
         while i < n {
+            // In a restricted walk: is node `i` in a region, or only above one?
+            let mut inside = true;
+            if !only.is_empty() {
+                let mut skip = false;
+                loop {
+                    let Some(&r) = only.get(next_region) else {
+                        return Ok(());
+                    };
+                    let node = (r >> 1) as usize;
+                    let end = if r & 1 == 1 { trie.end[node] as usize } else { node + 1 };
+                    if end <= i {
+                        next_region += 1;
+                        continue;
+                    }
+                    if i < node {
+                        // Above the region, or beside it with nothing of it below.
+                        inside = false;
+                        skip = trie.end[i] as usize <= node;
+                    }
+                    break;
+                }
+                if skip {
+                    i = trie.end[i] as usize;
+                    continue;
+                }
+            }
             let depth = trie.depth[i] as usize;
+            if depth == 1 {
+                let b = trie.byte[i];
+                if first[usize::from(b >> 6)] >> (b & 63) & 1 == 0 {
+                    i = trie.end[i] as usize;
+                    continue;
+                }
+            }
             let parent = frames[depth - 1];
+            if parent.covered && slices[entry as usize].1.through(i) {
+                i = trie.end[i] as usize;
+                continue;
+            }
             if parent.slice != NO_SLICE && !parent.dec.is_pending() && slices[parent.slice as usize].1.full(i) {
                 trie.tokens_under(i).iter().for_each(|&t| set_bit(accept, t));
                 i = trie.end[i] as usize;
@@ -250,16 +363,31 @@ fn walk(
                     i = trie.end[i] as usize;
                     continue;
                 }
-                Decoded::Pending => {}
+                Decoded::Pending => {
+                    // A lead byte no stack's class can complete: every token below dies on
+                    // this character (and none is uncertain: no BOTTOM was reachable).
+                    if !parent.dec.is_pending()
+                        && parent.flags & (HAS_TOKEN | HAS_BOTTOM) == 0
+                        && !parent.uncertain
+                        && !engine.lead_viable(parent.set, trie.byte[i])
+                    {
+                        i = trie.end[i] as usize;
+                        continue;
+                    }
+                }
                 Decoded::Char(cp) => {
                     if parent.flags & HAS_TOKEN != 0 {
                         // A token element on top: the token id decides; check each one.
+                        let mut unsure = false;
                         for &t in trie.tokens_under(i) {
                             match engine.token_verdict(set, start, t, index.token_bytes(t))? {
                                 Verdict::Accept => set_bit(accept, t),
-                                Verdict::Uncertain => uncertain.push(t),
+                                Verdict::Uncertain => unsure = true,
                                 Verdict::Reject => {}
                             }
+                        }
+                        if unsure {
+                            uncertain.push(region(i, true));
                         }
                         i = trie.end[i] as usize;
                         continue;
@@ -270,7 +398,7 @@ fn walk(
                     frame.set = engine.step(parent.set, cp)?;
                     if frame.set == DEAD {
                         if frame.uncertain {
-                            uncertain.extend_from_slice(trie.tokens_under(i));
+                            uncertain.push(region(i, true));
                         }
                         i = trie.end[i] as usize;
                         continue;
@@ -287,6 +415,7 @@ fn walk(
                 }
             }
             frame.dec = dec;
+            frame.covered = parent.covered && slices[entry as usize].1.pass(i);
             frames[depth] = frame;
             if frame.slice != NO_SLICE && !dec.is_pending() && slices[frame.slice as usize].1.kids(i) {
                 // The state after this node loops on the alphabet and everything below is made
@@ -296,7 +425,7 @@ fn walk(
                 continue;
             }
             let here = trie.tokens_at(i);
-            if !here.is_empty() {
+            if !here.is_empty() && inside {
                 let verdict = if !dec.is_pending() {
                     Verdict::Accept
                 } else {
@@ -307,7 +436,7 @@ fn walk(
                 };
                 match verdict {
                     Verdict::Accept => here.iter().for_each(|&t| set_bit(accept, t)),
-                    Verdict::Uncertain => uncertain.extend_from_slice(here),
+                    Verdict::Uncertain => uncertain.push(region(i, false)),
                     Verdict::Reject => {}
                 }
             }
@@ -341,17 +470,27 @@ fn loop_slice(
     if alphabet == 0 {
         return Ok(NO_SLICE);
     }
+    Ok(slot_of(index, slot, alphabet))
+}
+
+/// The index in `slot` of the vocabulary's slice for `alphabet` (`NO_SLICE` when `slot` is
+/// full).
+fn slot_of(index: &TokenIndex, slot: &mut Vec<(u128, Arc<Slice>)>, alphabet: u128) -> u8 {
     if let Some(at) = slot.iter().position(|(a, _)| *a == alphabet) {
-        return Ok(at as u8);
+        return at as u8;
     }
     if slot.len() >= MAX_SLICES_PER_WALK {
-        return Ok(NO_SLICE);
+        return NO_SLICE;
     }
     slot.push((alphabet, index.slice(alphabet)));
-    Ok((slot.len() - 1) as u8)
+    (slot.len() - 1) as u8
 }
 
 const NO_SLICE: u8 = u8::MAX;
+/// Loop entries are looked for only from states that take at least this many ASCII
+/// characters: the slice's mask pays for large alphabets (a string's content), and looking
+/// costs transitions.
+const MIN_ENTRY: u32 = 16;
 const MAX_SLICES_PER_WALK: usize = 16;
 
 /// The mask computed token by token with [`Engine::token_verdict`]: the slow, obvious

@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use rustc_hash::FxHashMap;
 
+use crate::engine::Utf8;
+
 /// A vocabulary indexed for grammar masks.
 ///
 /// Token text follows llama.cpp's grammar sampler: the bytes `token_to_piece(special = true)`
@@ -164,7 +166,7 @@ impl TokenIndex {
     /// trie) and shared by every grammar: llguidance's "slicer" idea, for the loops that
     /// accept almost everything (JSON string content, `.*`).
     pub(crate) fn slice(&self, alphabet: u128) -> Arc<Slice> {
-        use crate::engine::{Decoded, Utf8};
+        use crate::engine::Decoded;
         let mut slices = self.slices.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = slices.get(&alphabet) {
             return Arc::clone(s);
@@ -172,41 +174,80 @@ impl TokenIndex {
         let t = &self.trie;
         let n = t.byte.len();
         // Forward: is each node's byte fine on its own (decoded along its path from a
-        // character boundary at the root)?
+        // character boundary at the root)? And does it pass (fine, or inside a character
+        // whatever tokens end there)? Tokens on paths that pass throughout are `tokens` (they
+        // end on a character boundary) or `partial` (they do not).
         let mut fine = vec![false; n];
+        let mut pass = vec![0u64; n.div_ceil(64)];
+        let mut tokens = vec![0u32; self.words()];
+        let mut partial = Vec::new();
         let mut decoders = vec![Utf8::default(); t.max_depth + 1];
+        // Per depth on the current path: every node so far passes; some character completed.
+        let mut path_passes = vec![true; t.max_depth + 1];
+        let mut entered = vec![false; t.max_depth + 1];
         for (i, fine) in fine.iter_mut().enumerate() {
             let d = t.depth[i] as usize;
             let mut dec = decoders[d - 1];
-            *fine = match dec.step(t.byte[i]) {
-                Decoded::Invalid => false,
-                Decoded::Pending => t.tokens_at(i).is_empty(),
-                Decoded::Char(cp) if cp < 128 => cp != 0 && alphabet >> cp & 1 == 1,
-                Decoded::Char(_) => alphabet & 1 == 1,
+            let (passes, completed) = match dec.step(t.byte[i]) {
+                Decoded::Invalid => (false, false),
+                Decoded::Pending => {
+                    *fine = t.tokens_at(i).is_empty();
+                    (true, false)
+                }
+                Decoded::Char(cp) => {
+                    *fine = if cp < 128 { cp != 0 && alphabet >> cp & 1 == 1 } else { alphabet & 1 == 1 };
+                    (*fine, true)
+                }
             };
             decoders[d] = dec;
+            path_passes[d] = path_passes[d - 1] && passes;
+            entered[d] = entered[d - 1] || completed;
+            if passes {
+                pass[i / 64] |= 1 << (i % 64);
+            }
+            if path_passes[d] {
+                for &tok in t.tokens_at(i) {
+                    if dec.is_pending() {
+                        partial.push((dec, entered[d], tok));
+                    } else {
+                        tokens[(tok / 32) as usize] |= 1 << (tok % 32);
+                    }
+                }
+            }
         }
-        // Backward: a node's children are all full, and a node is full when it is fine too.
+        partial.sort_by_key(|&(dec, entered, tok)| (entered, dec.value, dec.n_remain, tok));
+        // Backward: a node's children are all full, and a node is full when it is fine too;
+        // likewise a node is `through` when it and all its children pass.
         let mut full = vec![0u64; n.div_ceil(64)];
         let mut kids = vec![0u64; n.div_ceil(64)];
+        let mut through = vec![0u64; n.div_ceil(64)];
+        let bit = |bits: &[u64], j: usize| bits[j / 64] >> (j % 64) & 1 == 1;
         for i in (0..n).rev() {
-            let mut all = true;
+            let (mut all_full, mut all_through) = (true, true);
             let mut j = i + 1;
-            while j < t.end[i] as usize {
-                if full[j / 64] >> (j % 64) & 1 == 0 {
-                    all = false;
-                    break;
-                }
+            while j < t.end[i] as usize && (all_full || all_through) {
+                all_full &= bit(&full, j);
+                all_through &= bit(&through, j);
                 j = t.end[j] as usize;
             }
-            if all {
+            if all_full {
                 kids[i / 64] |= 1 << (i % 64);
                 if fine[i] {
                     full[i / 64] |= 1 << (i % 64);
                 }
             }
+            if all_through && bit(&pass, i) {
+                through[i / 64] |= 1 << (i % 64);
+            }
         }
-        let full = Arc::new(Slice { full: full.into(), kids: kids.into() });
+        let full = Arc::new(Slice {
+            full: full.into(),
+            kids: kids.into(),
+            pass: pass.into(),
+            through: through.into(),
+            tokens: tokens.into(),
+            partial: partial.into(),
+        });
         if slices.len() >= 64 {
             slices.clear();
         }
@@ -277,6 +318,20 @@ pub(crate) struct Slice {
     pub full: Box<[u64]>,
     /// Every child of the node is `full` (a node without children counts).
     pub kids: Box<[u64]>,
+    /// The node's byte passes: it is inside a character (whatever tokens end there) or
+    /// completes one of the alphabet. Along a path of passing nodes from the root, a state
+    /// that enters a loop on the alphabet with the first character stays in that loop.
+    pub pass: Box<[u64]>,
+    /// The node and everything below pass: each token below is in `tokens` or `partial`.
+    pub through: Box<[u64]>,
+    /// Mask of the tokens whose every node passes and that end on a character boundary:
+    /// made only of the alphabet's characters. A state that enters a loop on the alphabet
+    /// with any of them accepts them all.
+    pub tokens: Box<[u32]>,
+    /// The tokens whose every node passes but that end inside a character: the decoder
+    /// state there, whether a character was completed before (the state is then the loop's,
+    /// else the one the walk started from) and the token; sorted by state.
+    pub partial: Box<[(Utf8, bool, u32)]>,
 }
 
 impl Slice {
@@ -288,6 +343,16 @@ impl Slice {
     #[inline]
     pub fn kids(&self, node: usize) -> bool {
         self.kids[node / 64] >> (node % 64) & 1 == 1
+    }
+
+    #[inline]
+    pub fn pass(&self, node: usize) -> bool {
+        self.pass[node / 64] >> (node % 64) & 1 == 1
+    }
+
+    #[inline]
+    pub fn through(&self, node: usize) -> bool {
+        self.through[node / 64] >> (node % 64) & 1 == 1
     }
 }
 
