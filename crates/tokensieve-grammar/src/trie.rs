@@ -334,25 +334,31 @@ pub(crate) struct Slice {
     pub partial: Box<[(Utf8, bool, u32)]>,
 }
 
+/// Bit `i` of a packed bitset.
+#[inline]
+fn bit(words: &[u64], i: usize) -> bool {
+    words[i / 64] >> (i % 64) & 1 == 1
+}
+
 impl Slice {
     #[inline]
     pub fn full(&self, node: usize) -> bool {
-        self.full[node / 64] >> (node % 64) & 1 == 1
+        bit(&self.full, node)
     }
 
     #[inline]
     pub fn kids(&self, node: usize) -> bool {
-        self.kids[node / 64] >> (node % 64) & 1 == 1
+        bit(&self.kids, node)
     }
 
     #[inline]
     pub fn pass(&self, node: usize) -> bool {
-        self.pass[node / 64] >> (node % 64) & 1 == 1
+        bit(&self.pass, node)
     }
 
     #[inline]
     pub fn through(&self, node: usize) -> bool {
-        self.through[node / 64] >> (node % 64) & 1 == 1
+        bit(&self.through, node)
     }
 }
 
