@@ -67,6 +67,21 @@ impl Workload {
         }
     }
 
+    /// The same workload under the transformers convention, in the order generate() builds
+    /// its processors (HF's repetition penalty standing in for llama.cpp's penalties), as
+    /// `tokensieve bench --convention transformers` runs it.
+    pub fn transformers_spec(self) -> &'static str {
+        match self {
+            Workload::Default => "temperature(0.8);top_k(40);top_p(0.95);min_p(0.05);dist",
+            Workload::Penalties => "repetition_penalty(1.1);temperature(0.8);top_k(40);top_p(0.95);min_p(0.05);dist",
+            Workload::TopP => "top_p(0.95);dist",
+            Workload::Temperature => "temperature(0.8);dist",
+            Workload::MinP => "temperature(0.8);min_p(0.05);dist",
+            Workload::Greedy => "greedy",
+            Workload::Logprobs => "logprobs(20)",
+        }
+    }
+
     /// A short name for tables and benchmark ids.
     pub fn name(self) -> &'static str {
         match self {
@@ -145,6 +160,20 @@ pub fn history(v: usize) -> Vec<u32> {
 /// The benchmark row: [`bench_rows`]' peaked shape (entropy 1.5 nats).
 pub fn row(v: usize) -> Vec<f32> {
     bench_rows::row(Shape::Peaked, v, 0x5eed)
+}
+
+/// tokensieve on workload `w` under the transformers convention (raw logprobs are the same
+/// under both).
+pub fn tokensieve_transformers_runner(w: Workload, row: &[f32]) -> Box<dyn FnMut() -> u32 + '_> {
+    if w == Workload::Logprobs {
+        return tokensieve_runner(w, row);
+    }
+    let ctx = BuildContext::new(row.len(), RngConfig::philox(42)).with_convention(tokensieve::Convention::Transformers);
+    let mut chain = Chain::from_spec(w.transformers_spec(), &ctx).expect("the workload specs build");
+    for t in history(row.len()) {
+        chain.accept(t);
+    }
+    Box::new(move || chain.sample(row).expect("a peaked row samples"))
 }
 
 fn tokensieve_runner(w: Workload, row: &[f32]) -> Box<dyn FnMut() -> u32 + '_> {

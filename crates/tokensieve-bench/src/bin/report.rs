@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use tokensieve::arch;
-use tokensieve_bench::{row, time_per_token, Peer, Workload};
+use tokensieve_bench::{row, time_per_token, tokensieve_transformers_runner, Peer, Workload};
 
 struct Args {
     vocab: Vec<usize>,
@@ -149,6 +149,29 @@ fn main() {
         }
         let _ = writeln!(md);
     }
+    // The transformers convention: tokensieve alone (no in-process peer implements Hugging
+    // Face's processors; candle's LogitsProcessor is behind the `candle` feature above).
+    let _ = writeln!(
+        md,
+        "## Transformers convention\n\nThe same workloads under `--convention transformers` (Hugging Face's logits processors, bit for bit), in generate()'s processor order; tokensieve only.\n"
+    );
+    let _ = writeln!(md, "| V | workload | floor µs | tokensieve µs (× floor) |\n|---:|---|---:|---:|");
+    for &v in &args.vocab {
+        let r = row(v);
+        for w in Workload::ALL {
+            eprintln!("V={v} transformers {}", w.name());
+            let t = time_per_token(&r, args.seconds, tokensieve_transformers_runner(w, &r));
+            let _ = writeln!(
+                md,
+                "| {v} | `{}` | {:.1} | {:.1} ({:.2}×) |",
+                w.transformers_spec(),
+                t.floor_us,
+                t.median_us,
+                t.median_us / t.floor_us
+            );
+        }
+    }
+    let _ = writeln!(md);
     // Keep the grammar benchmark's section (written by the `grammar` binary).
     if let Ok(old) = std::fs::read_to_string(&args.out) {
         if let Some(at) = old.find("## Grammar masks") {
