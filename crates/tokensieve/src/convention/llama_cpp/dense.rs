@@ -376,13 +376,24 @@ fn gather_at_least(
         arch::gather_ge(&r[start..end], start as u32, tau, out);
     }
     if !overlay.is_empty() {
-        out.retain(|t| overlay.binary_search_by_key(&t.id, |e| e.0).is_err());
-        for &(id, logit) in overlay {
-            if logit >= tau {
-                let at = out.partition_point(|t| t.id < id);
-                out.insert(at, TokenData { id, logit, p: 0.0 });
+        // Merge in id order (both are sorted): an edited entry replaces the row's, and is
+        // kept only if its edited value reaches `tau`.
+        blocks.clear();
+        let mut edits = overlay.iter().peekable();
+        for t in out.iter() {
+            let mut replaced = false;
+            while let Some(&(id, logit)) = edits.next_if(|e| e.0 <= t.id) {
+                replaced |= id == t.id;
+                if logit >= tau {
+                    blocks.push(TokenData { id, logit, p: 0.0 });
+                }
+            }
+            if !replaced {
+                blocks.push(*t);
             }
         }
+        blocks.extend(edits.filter(|e| e.1 >= tau).map(|&(id, logit)| TokenData { id, logit, p: 0.0 }));
+        std::mem::swap(out, blocks);
     }
 }
 
@@ -390,15 +401,16 @@ fn gather_at_least(
 /// at most the k-th largest), or `None` when there are too few blocks to bound it.
 ///
 /// `tau` is the `(k + e)`-th largest block maximum where at most `e` overlay entries have a
-/// row value `>= tau`: of the `k + e` blocks reaching `tau`, at most `e` owe their maximum to
-/// an edited entry, so `k` unedited entries are `>= tau`. Usually no edited entry is that
-/// large (penalised history tokens rarely are) and `e = 0`.
+/// row value `>= tau` and an edited value below it: of the `k + e` blocks reaching `tau`, at
+/// most `e` may have lost their only entry `>= tau` to an edit, so `k` blocks still hold one.
+/// Usually `e = 0`: penalties lower a sampled (large) logit only a little, and it stays
+/// above `tau`.
 fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<()> {
     let max = s.summary.map_or(f32::NEG_INFINITY, |m| m.max);
     let mut extra = 0;
     let tau = loop {
         let tau = threshold(k + extra, max, s)?;
-        let large = s.overlay.iter().filter(|e| r[e.0 as usize] >= tau).count();
+        let large = s.overlay.iter().filter(|e| r[e.0 as usize] >= tau && e.1 < tau).count();
         if large <= extra {
             break tau;
         }
