@@ -34,6 +34,11 @@ pub struct Candidates {
     pub(crate) scratch: Vec<TokenData>,
     /// Scratch histogram and bucket index buffers for llama.cpp's bucket sort.
     pub(crate) buckets: Vec<u8>,
+    /// Scratch f64 weights (`exp(z - max)`) of the transformers softmax, computed once per
+    /// entry and reused for the sum, the probabilities and the draw (reused across steps).
+    pub(crate) wide: Vec<f64>,
+    /// Scratch radix-sort keys (two halves: keys and the ping-pong buffer), reused.
+    pub(crate) keys: Vec<u32>,
 }
 
 impl Clone for Candidates {
@@ -47,6 +52,8 @@ impl Clone for Candidates {
             dropped_front: self.dropped_front,
             scratch: Vec::new(),
             buckets: Vec::new(),
+            wide: Vec::new(),
+            keys: Vec::new(),
         }
     }
 }

@@ -42,8 +42,7 @@ pub fn fl32(x: f64) -> f32 {
 /// `sorted` flag: HF processors never sort the row itself.
 pub fn ensure_dense(c: &mut Candidates) {
     let v = c.vocab_size;
-    let dense = c.data.len() == v && c.data.iter().enumerate().all(|(i, t)| t.id as usize == i);
-    if !dense {
+    if !is_dense(&c.data, v) {
         let mut buf = std::mem::take(&mut c.scratch);
         buf.clear();
         buf.extend((0..v).map(|i| TokenData { id: i as u32, logit: f32::NEG_INFINITY, p: 0.0 }));
@@ -62,10 +61,35 @@ pub fn ensure_dense(c: &mut Candidates) {
     c.sorted = false;
 }
 
+/// `data[i].id == i` for every `i` and `data.len() == v`. Runs once per processor, so it is
+/// written to vectorise: an OR of `id ^ i` over blocks (no early exit inside a block) instead
+/// of a short-circuiting compare per entry.
+fn is_dense(data: &[TokenData], v: usize) -> bool {
+    const BLOCK: usize = 4096;
+    data.len() == v
+        && data.chunks(BLOCK).enumerate().all(|(b, block)| {
+            let base = (b * BLOCK) as u32;
+            block.iter().zip(base..).fold(0u32, |acc, (t, i)| acc | (t.id ^ i)) == 0
+        })
+}
+
 /// `max` over the `logit` fields, as torch's `amax` for rows without NaN (`-inf` for an empty
 /// or all-`-inf` row).
 pub fn max_logit(data: &[TokenData]) -> f32 {
     data.iter().fold(f32::NEG_INFINITY, |m, t| if t.logit > m { t.logit } else { m })
+}
+
+/// `exp(z - max)` as the transformers softmax forms it: the difference in f32, the `exp` in
+/// f64. A `-inf` logit (with a finite `max`) gives exactly `+0.0` without calling `exp`:
+/// `-inf - max = -inf` and `exp(-inf) = +0` in IEEE arithmetic, so masked entries cost a
+/// compare instead of a libm call.
+#[inline]
+pub fn weight(z: f32, max: f32) -> f64 {
+    if z == f32::NEG_INFINITY {
+        0.0
+    } else {
+        ((z - max) as f64).exp()
+    }
 }
 
 /// Softmax of the `logit` fields into the `p` fields (see the module docs): `max` in f32,
@@ -82,12 +106,36 @@ pub fn softmax(data: &mut [TokenData]) -> f32 {
     }
     let mut sum = 0.0f64;
     for t in data.iter() {
-        sum += ((t.logit - max) as f64).exp();
+        sum += weight(t.logit, max);
     }
     for t in data.iter_mut() {
-        t.p = (((t.logit - max) as f64).exp() / sum) as f32;
+        t.p = (weight(t.logit, max) / sum) as f32;
     }
     max
+}
+
+/// [`softmax`] computing each `exp` once: the weights are kept in `exps` (one per entry, in
+/// array order) and reused for the sum and the probabilities, so every bit is the same as
+/// [`softmax`]'s (the same values added in the same order). Returns `(max, sum)`; for a row
+/// whose maximum is not finite the `p` fields are NaN, `exps` is empty and the sum is NaN.
+pub fn softmax_exps(data: &mut [TokenData], exps: &mut Vec<f64>) -> (f32, f64) {
+    let max = max_logit(data);
+    exps.clear();
+    if !max.is_finite() {
+        for t in data.iter_mut() {
+            t.p = f32::NAN;
+        }
+        return (max, f64::NAN);
+    }
+    exps.extend(data.iter().map(|t| weight(t.logit, max)));
+    let mut sum = 0.0f64;
+    for &e in exps.iter() {
+        sum += e;
+    }
+    for (t, &e) in data.iter_mut().zip(exps.iter()) {
+        t.p = (e / sum) as f32;
+    }
+    (max, sum)
 }
 
 /// CPU `cumsum` of f32 values: the running sum is kept in f64 and each partial sum is rounded
@@ -152,11 +200,124 @@ pub fn kth_largest_logit(c: &mut Candidates, k: usize) -> f32 {
     }
     let k = k.clamp(1, n);
     let mut buf = std::mem::take(&mut c.scratch);
-    fill_pairs(&mut buf, &c.data, |t| t.logit);
-    stdsort::nth_element(&mut buf, k - 1, desc);
-    let value = buf[k - 1].logit;
+    let value = match kth_largest_filtered(&c.data, k, &mut buf) {
+        Some(value) => value,
+        None => kth_largest_by_nth_element(&c.data, k, &mut buf),
+    };
     c.scratch = buf;
     value
+}
+
+/// The obvious k-th largest logit: libstdc++'s `nth_element` on the whole row, as torch's
+/// `topk` would run it. `1 <= k <= data.len()`.
+pub fn kth_largest_by_nth_element(data: &[TokenData], k: usize, buf: &mut Vec<TokenData>) -> f32 {
+    fill_pairs(buf, data, |t| t.logit);
+    stdsort::nth_element(buf, k - 1, desc);
+    buf[k - 1].logit
+}
+
+/// The k-th largest logit by one filtering scan, for `k` small against the row: only values
+/// above the k-th largest seen so far (`floor`) are collected; whenever the buffer fills up,
+/// it is cut back to its `k` largest and `floor` rises. A value equal to `floor` can be
+/// skipped: `k` values `>= floor` are already held, so it cannot change the k-th value. The
+/// result equals the nth_element one as a value (`==`; for a tie of `-0.0` and `+0.0` it may
+/// be the other zero, which no `<` comparison can tell apart). `None` when a NaN is seen or
+/// `k` is too large for the filter to pay (then use [`kth_largest_by_nth_element`]).
+/// `1 <= k <= data.len()`.
+pub fn kth_largest_filtered(data: &[TokenData], k: usize, buf: &mut Vec<TokenData>) -> Option<f32> {
+    if k.saturating_mul(8) > data.len() {
+        return None;
+    }
+    let cap = (4 * k).max(256);
+    let by_value_desc = |a: &TokenData, b: &TokenData| b.logit.total_cmp(&a.logit);
+    buf.clear();
+    let mut floor = f32::NEG_INFINITY;
+    for t in data {
+        if t.logit > floor {
+            buf.push(*t);
+            if buf.len() == cap {
+                buf.select_nth_unstable_by(k - 1, by_value_desc);
+                buf.truncate(k);
+                floor = buf[k - 1].logit;
+            }
+        } else if t.logit.is_nan() {
+            return None;
+        }
+    }
+    if buf.len() < k {
+        // Fewer than k values above -inf: the k-th largest is -inf.
+        return Some(f32::NEG_INFINITY);
+    }
+    buf.select_nth_unstable_by(k - 1, by_value_desc);
+    Some(buf[k - 1].logit)
+}
+
+/// Order-preserving map of an f32 (not NaN) to a u32: `a < b` implies `key(a) < key(b)`
+/// (`-0.0` maps just below `+0.0`; they are equal values, which nothing here tells apart).
+#[inline]
+fn sort_key(x: f32) -> u32 {
+    let bits = x.to_bits();
+    if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 0x8000_0000
+    }
+}
+
+/// The inverse of [`sort_key`].
+#[inline]
+pub fn from_sort_key(key: u32) -> f32 {
+    if key >> 31 == 1 {
+        f32::from_bits(key & 0x7FFF_FFFF)
+    } else {
+        f32::from_bits(!key)
+    }
+}
+
+/// The finite logits of `data` in ascending order, as [`sort_key`]s (decode with
+/// [`from_sort_key`]): an LSD radix sort of the values alone, so it gives the same value
+/// sequence as any correct ascending sort, torch's included, but no index order. `keys` is
+/// scratch space; returns the sorted slice, or `None` when the row holds a NaN.
+pub fn sorted_finite_logits<'k>(data: &[TokenData], keys: &'k mut Vec<u32>) -> Option<&'k [u32]> {
+    keys.clear();
+    for t in data {
+        if t.logit.is_nan() {
+            return None;
+        }
+        if t.logit != f32::NEG_INFINITY {
+            keys.push(sort_key(t.logit));
+        }
+    }
+    let m = keys.len();
+    // Four passes of 8 bits: 256 scatter streams per pass stay cache-friendly.
+    const BITS: u32 = 8;
+    const MASK: u32 = (1 << BITS) - 1;
+    let mut counts = [[0u32; 1 << BITS]; 32u32.div_ceil(BITS) as usize];
+    for &k in keys.iter() {
+        for (pass, count) in counts.iter_mut().enumerate() {
+            count[((k >> (BITS * pass as u32)) & MASK) as usize] += 1;
+        }
+    }
+    keys.resize(2 * m, 0);
+    let (mut src, mut dst) = keys.split_at_mut(m);
+    for (pass, count) in counts.iter().enumerate() {
+        if count.iter().any(|&c| c as usize == m) {
+            continue; // every key has the same digit here: the pass would not move anything
+        }
+        let mut offsets = [0u32; 1 << BITS];
+        let mut at = 0u32;
+        for (o, &c) in offsets.iter_mut().zip(count.iter()) {
+            *o = at;
+            at += c;
+        }
+        for &k in src.iter() {
+            let d = ((k >> (BITS * pass as u32)) & MASK) as usize;
+            dst[offsets[d] as usize] = k;
+            offsets[d] += 1;
+        }
+        std::mem::swap(&mut src, &mut dst);
+    }
+    Some(src)
 }
 
 /// Masks token `i` (HF's `masked_fill(mask, -inf)`).
@@ -228,5 +389,56 @@ mod tests {
         let l: Vec<f32> = c.as_slice().iter().map(|t| t.logit).collect();
         assert_eq!(l, [f32::NEG_INFINITY, 3.0, 2.0]);
         assert!(!c.is_sorted());
+    }
+
+    #[test]
+    fn the_kth_largest_filter_and_the_radix_sort_match_the_obvious_ones() {
+        use crate::sampler::transformers::test_util::adversarial_row;
+        use proptest::prelude::*;
+        let ks = prop_oneof![1usize..4, 1usize..80, 1usize..700];
+        tokensieve_testkit::proptest_support::check("hf_kth_and_radix", 384, (adversarial_row(), ks), |(row, k)| {
+            let data = pairs(&row);
+            let k = k.min(row.len());
+            let mut buf = Vec::new();
+            let obvious = kth_largest_by_nth_element(&data, k, &mut buf);
+            if let Some(v) = kth_largest_filtered(&data, k, &mut buf) {
+                // Equal as values; `<` against it can tell no difference (±0 included).
+                prop_assert!(v == obvious || (v.is_nan() && obvious.is_nan()), "{v} vs {obvious}");
+                prop_assert!(data.iter().all(|t| (t.logit < v) == (t.logit < obvious)));
+            }
+            let mut keys = Vec::new();
+            let sorted: Vec<f32> =
+                sorted_finite_logits(&data, &mut keys).unwrap().iter().map(|&k| from_sort_key(k)).collect();
+            let mut expect: Vec<f32> = row.iter().copied().filter(|&v| v != f32::NEG_INFINITY).collect();
+            expect.sort_by(|a, b| a.total_cmp(b));
+            prop_assert_eq!(
+                sorted.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                expect.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn softmax_exps_writes_the_bits_of_softmax() {
+        use crate::sampler::transformers::test_util::adversarial_row;
+        tokensieve_testkit::proptest_support::check("hf_softmax_exps", 256, adversarial_row(), |row| {
+            let mut a = pairs(&row);
+            let mut b = pairs(&row);
+            let max = softmax(&mut a);
+            let mut exps = Vec::new();
+            let (max_b, sum) = softmax_exps(&mut b, &mut exps);
+            proptest::prop_assert_eq!(max.to_bits(), max_b.to_bits());
+            proptest::prop_assert!(a.iter().zip(&b).all(|(x, y)| x.p.to_bits() == y.p.to_bits()));
+            if max.is_finite() {
+                // The sum is the one the original per-entry loop forms.
+                let mut s = 0.0f64;
+                for t in &row {
+                    s += ((t - max) as f64).exp();
+                }
+                proptest::prop_assert_eq!(sum.to_bits(), s.to_bits());
+            }
+            Ok(())
+        });
     }
 }

@@ -18,7 +18,7 @@
 //! torch raises too.
 
 use crate::candidates::Candidates;
-use crate::convention::transformers::{ensure_dense, softmax};
+use crate::convention::transformers::{ensure_dense, softmax_exps};
 use crate::error::Result;
 use crate::params::spec::Bound;
 use crate::rng::{RngConfig, StageRng, Stream};
@@ -53,15 +53,15 @@ impl Sampler for Dist {
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
         ensure_dense(c);
         require_finite_candidate("dist", c)?;
-        let max = softmax(&mut c.data);
-        let weight = |z: f32| ((z - max) as f64).exp();
-        let sum: f64 = c.data.iter().map(|t| weight(t.logit)).sum();
+        // One exp per entry, kept in `c.wide`: the sum below is softmax's own sum (the same
+        // weights added in the same order), and the draw walks the same weights.
+        let mut weights = std::mem::take(&mut c.wide);
+        let (_, sum) = softmax_exps(&mut c.data, &mut weights);
         let target = self.rng.uniform_f64() * sum;
         let mut running = 0.0f64;
         let mut selected = None;
         let mut last_positive = 0;
-        for (i, t) in c.data.iter().enumerate() {
-            let w = weight(t.logit);
+        for (i, &w) in weights.iter().enumerate() {
             if w > 0.0 {
                 running += w;
                 last_positive = i;
@@ -71,6 +71,7 @@ impl Sampler for Dist {
                 }
             }
         }
+        c.wide = weights;
         // Rounding can leave the running sum a hair below `u * sum` at the end.
         c.set_selected(Some(selected.unwrap_or(last_positive)));
         Ok(())
@@ -99,6 +100,7 @@ impl FromSpec for Dist {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn draws_follow_the_softmax_and_never_pick_a_masked_token() {
@@ -135,5 +137,50 @@ mod tests {
         let mut d = Dist::new(RngConfig::philox(0)).unwrap();
         let mut c = Candidates::from_logits(&[f32::NEG_INFINITY; 3]).unwrap();
         assert!(d.apply(&mut c).unwrap_err().is_no_candidates());
+    }
+
+    /// The draw as first written: softmax, then the weights recomputed for the sum and again
+    /// for the running sum.
+    fn obvious_draw(c: &mut Candidates, u: f64) -> usize {
+        let max = crate::convention::transformers::softmax(&mut c.data);
+        let weight = |z: f32| ((z - max) as f64).exp();
+        let sum: f64 = c.data.iter().map(|t| weight(t.logit)).sum();
+        let target = u * sum;
+        let (mut running, mut last_positive) = (0.0f64, 0);
+        for (i, t) in c.data.iter().enumerate() {
+            let w = weight(t.logit);
+            if w > 0.0 {
+                running += w;
+                last_positive = i;
+                if running > target {
+                    return i;
+                }
+            }
+        }
+        last_positive
+    }
+
+    #[test]
+    fn one_exp_per_entry_draws_and_writes_the_same_bits() {
+        use crate::sampler::transformers::test_util::{adversarial_row, bits, cands};
+        tokensieve_testkit::proptest_support::check(
+            "hf_dist_one_exp",
+            256,
+            (adversarial_row(), 0u64..1000),
+            |(row, seed)| {
+                if row.iter().all(|&v| v == f32::NEG_INFINITY) {
+                    return Ok(());
+                }
+                let cfg = RngConfig::philox(seed);
+                let mut fast = cands(&row);
+                Dist::new(cfg).unwrap().apply(&mut fast).unwrap();
+                let mut obvious = cands(&row);
+                let u = StageRng::new(cfg, Stream::TransformersDist).unwrap().uniform_f64();
+                let token = obvious_draw(&mut obvious, u);
+                prop_assert_eq!(fast.selected_token(), Some(token as u32));
+                prop_assert_eq!(bits(&fast), bits(&obvious));
+                Ok(())
+            },
+        );
     }
 }

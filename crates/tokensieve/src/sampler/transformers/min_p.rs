@@ -18,7 +18,7 @@
 //! Spec: `min_p(p, min_tokens_to_keep)` (default 1); `min_p=` is accepted for `p`.
 
 use crate::candidates::Candidates;
-use crate::convention::transformers::{ensure_dense, fill_pairs, fl32, remove, softmax, topk};
+use crate::convention::transformers::{ensure_dense, fill_pairs, fl32, remove, softmax_exps, topk};
 use crate::error::{Error, Result};
 use crate::params::spec::Bound;
 use crate::sampler::transformers::require_min_tokens_to_keep;
@@ -63,11 +63,38 @@ impl Sampler for MinP {
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
         ensure_dense(c);
-        softmax(&mut c.data);
-        // amax propagates NaN; with NaN probabilities every comparison is false anyway.
-        let top = c.data.iter().fold(f32::NEG_INFINITY, |m, t| if t.p > m || t.p.is_nan() { t.p } else { m });
+        let mut exps = std::mem::take(&mut c.wide);
+        let (max, sum) = softmax_exps(&mut c.data, &mut exps); // the bits of `softmax`, one exp per entry
+        c.wide = exps;
+        if !max.is_finite() {
+            return Ok(()); // NaN probabilities: every comparison is false, nothing is removed
+        }
+        // amax(probs) without a pass: the maximum logit has weight exp(0) = 1 exactly, so its
+        // probability is fl32(1 / sum); every other weight is <= 1 and rounding is monotone.
+        let top = (1.0 / sum) as f32;
         let threshold = self.min_p * top;
         let k = self.min_tokens_to_keep.min(c.len());
+        // torch.topk only matters when it brings back a token below the threshold. If at
+        // least k probabilities are >= the threshold, the k-th largest is too, so every token
+        // topk returns survives anyway and its tie order is irrelevant: skip it. (k = 1 always
+        // qualifies: the top probability is >= min_p * itself.)
+        if k > 1 && c.data.iter().filter(|t| t.p >= threshold).count() < k {
+            self.restore_topk_and_remove(c, threshold, k);
+        } else {
+            for t in c.as_mut_slice() {
+                if t.p < threshold {
+                    t.logit = f32::NEG_INFINITY;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl MinP {
+    /// The removal with torch's `topk(probs, k)` indices forced back, as transformers
+    /// writes it.
+    fn restore_topk_and_remove(&self, c: &mut Candidates, threshold: f32, k: usize) {
         // The kept-by-topk entries: (index, probability) pairs, torch's selection in buf[..k].
         let mut buf = std::mem::take(&mut c.scratch);
         fill_pairs(&mut buf, &c.data, |t| t.p);
@@ -84,7 +111,18 @@ impl Sampler for MinP {
             c.data[t.id as usize].p = t.logit; // the probability, restored
         }
         c.scratch = buf;
-        Ok(())
+    }
+
+    /// The obvious implementation (softmax, topk, sentinel, scan), kept for the property
+    /// tests that hold [`Sampler::apply`]'s shortcuts to it.
+    #[cfg(test)]
+    fn apply_obvious(&self, c: &mut Candidates) {
+        ensure_dense(c);
+        crate::convention::transformers::softmax(&mut c.data);
+        let top = c.data.iter().fold(f32::NEG_INFINITY, |m, t| if t.p > m || t.p.is_nan() { t.p } else { m });
+        let threshold = self.min_p * top;
+        let k = self.min_tokens_to_keep.min(c.len());
+        self.restore_topk_and_remove(c, threshold, k);
     }
 }
 
@@ -137,5 +175,24 @@ mod tests {
     fn invalid_parameters_are_errors() {
         assert!(build_error("min_p(1.5)").contains("[0, 1]"));
         assert!(build_error("min_p(0.1,0)").contains("min_tokens_to_keep"));
+    }
+
+    #[test]
+    fn the_shortcuts_match_softmax_topk_and_scan_bit_for_bit() {
+        use proptest::prelude::*;
+        tokensieve_testkit::proptest_support::check(
+            "hf_min_p_shortcuts",
+            256,
+            (adversarial_row(), prop_oneof![Just(0.05f64), Just(1.0), Just(0.0), 0.0f64..=1.0], 1usize..6),
+            |(row, p, mtk)| {
+                let min_p = MinP::new(p, mtk as i64).unwrap();
+                let mut fast = cands(&row);
+                min_p.clone().apply(&mut fast).unwrap();
+                let mut obvious = cands(&row);
+                min_p.apply_obvious(&mut obvious);
+                prop_assert_eq!(bits(&fast), bits(&obvious));
+                Ok(())
+            },
+        );
     }
 }

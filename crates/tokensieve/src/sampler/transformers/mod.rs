@@ -109,4 +109,35 @@ pub(crate) mod test_util {
 
     /// `-inf`.
     pub(crate) const NEG: f32 = f32::NEG_INFINITY;
+
+    /// Rows that break shortcuts: ties (±0 too, values from a small pool), `-inf` (also rows
+    /// masked but for a few entries, as after a top-k), huge magnitudes, flat rows, lengths
+    /// on both sides of libstdc++'s 16-element insertion-sort cut-off and of the filters'
+    /// buffer sizes.
+    pub(crate) fn adversarial_row() -> impl proptest::strategy::Strategy<Value = Vec<f32>> {
+        use proptest::prelude::*;
+        let value = prop_oneof![
+            4 => -30.0f32..30.0,
+            3 => proptest::sample::select(vec![0.0f32, -0.0, 1.0, -1.0, 3.5, 2.0, -7.25]),
+            1 => Just(f32::NEG_INFINITY),
+            1 => proptest::sample::select(vec![f32::MAX, -f32::MAX, 1e30, -1e30, f32::MIN_POSITIVE, -120.0]),
+        ];
+        let sparse = prop_oneof![
+            20 => Just(f32::NEG_INFINITY),
+            1 => proptest::sample::select(vec![0.0f32, 1.0, 2.0, 3.5]),
+            1 => -5.0f32..5.0,
+        ];
+        let ties = proptest::sample::select(vec![0.0f32, -0.0, 0.5, 1.0, -3.0]);
+        let len = prop_oneof![1..=20usize, 1..=600usize, 2000..=5000usize];
+        prop_oneof![
+            3 => len.clone().prop_flat_map(move |n| proptest::collection::vec(value.clone(), n)),
+            1 => len.clone().prop_flat_map(move |n| proptest::collection::vec(sparse.clone(), n)),
+            1 => len.prop_flat_map(move |n| proptest::collection::vec(ties.clone(), n)),
+        ]
+    }
+
+    /// Bits of logits and probabilities, in array order (for bit-for-bit comparisons).
+    pub(crate) fn bits(c: &Candidates) -> Vec<(u32, u32, u32)> {
+        c.as_slice().iter().map(|t| (t.id, t.logit.to_bits(), t.p.to_bits())).collect()
+    }
 }

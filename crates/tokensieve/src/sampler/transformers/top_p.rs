@@ -22,8 +22,11 @@
 //!
 //! Spec: `top_p(p, min_tokens_to_keep)` (default 1); `top_p=` is accepted for `p`.
 
-use crate::candidates::Candidates;
-use crate::convention::transformers::{ensure_dense, fill_pairs, fl32, remove, softmax, sort_ascending, Cumsum};
+use crate::candidates::{Candidates, TokenData};
+use crate::convention::transformers::{
+    ensure_dense, fill_pairs, fl32, from_sort_key, remove, softmax, sort_ascending, sorted_finite_logits, weight,
+    Cumsum,
+};
 use crate::error::{Error, Result};
 use crate::params::spec::Bound;
 use crate::sampler::transformers::require_min_tokens_to_keep;
@@ -66,6 +69,28 @@ impl Sampler for TopP {
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
         ensure_dense(c);
+        match self.cut_by_value(c) {
+            Some(None) => {}
+            Some(Some(last)) => {
+                // The removed sorted positions are exactly the finite logits `<= last` (the
+                // next sorted value is strictly larger); `-inf` ones are removed already.
+                for t in c.as_mut_slice() {
+                    if t.logit <= last {
+                        t.logit = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            None => self.apply_sorted(c),
+        }
+        Ok(())
+    }
+}
+
+impl TopP {
+    /// The obvious implementation, step by step as torch: sort the whole row with libstdc++'s
+    /// introsort (tie order included), softmax of the sorted row, cumsum, cut.
+    fn apply_sorted(&self, c: &mut Candidates) {
+        ensure_dense(c);
         let n = c.len();
         let mut buf = std::mem::take(&mut c.scratch);
         fill_pairs(&mut buf, &c.data, |t| t.logit);
@@ -82,7 +107,74 @@ impl Sampler for TopP {
             }
         }
         c.scratch = buf;
-        Ok(())
+    }
+
+    /// The cut of [`TopP::apply_sorted`] decided from the sorted **values** alone: `Some(None)`
+    /// when nothing is removed, `Some(Some(last))` when exactly the logits `<= last` are,
+    /// `None` when only torch's tie order can decide (a run of equal finite values straddles
+    /// the cut) or the row holds NaN or `+inf`.
+    ///
+    /// Why it is exact: the softmax sum, every probability and every partial cumsum depend
+    /// only on the sequence of sorted values, not on which index holds a value, so the cut
+    /// position `r` is the same for any correct ascending sort. The `-inf` entries sort first
+    /// with weight exactly 0: they add nothing to the f64 sum, keep the cumsum at 0
+    /// (`<= fl32(1 - p)`, which is `>= 0`, so the loop always runs through them), and
+    /// "removing" them changes nothing; only their count matters, for the
+    /// `min_tokens_to_keep` bound. So only the finite values are sorted (a radix sort of
+    /// values, no comparator on pairs). Where the values at sorted positions `r - 1` and `r`
+    /// differ, the removed set is "every value `<= sorted[r - 1]`" whatever the tie order.
+    fn cut_by_value(&self, c: &mut Candidates) -> Option<Option<f32>> {
+        let n = c.data.len();
+        let mut keys = std::mem::take(&mut c.keys);
+        let mut weights = std::mem::take(&mut c.wide);
+        let cut = self.cut_from_sorted(&c.data, n, &mut keys, &mut weights);
+        c.keys = keys;
+        c.wide = weights;
+        cut
+    }
+
+    fn cut_from_sorted(
+        &self,
+        data: &[TokenData],
+        n: usize,
+        keys: &mut Vec<u32>,
+        weights: &mut Vec<f64>,
+    ) -> Option<Option<f32>> {
+        let sorted = sorted_finite_logits(data, keys)?;
+        let m = sorted.len();
+        if m == 0 {
+            return Some(None); // all -inf: NaN cum, the row is unchanged
+        }
+        let max = from_sort_key(sorted[m - 1]);
+        if !max.is_finite() {
+            return None; // +inf: NaN probabilities, leave it to the obvious path
+        }
+        let below = n - m; // the -inf entries, sorted first
+        let removable = n.saturating_sub(self.min_tokens_to_keep);
+        if removable <= below {
+            return Some(None);
+        }
+        // Finite sorted positions that may go; < m because min_tokens_to_keep >= 1.
+        let limit = removable - below;
+        weights.clear();
+        weights.extend(sorted.iter().map(|&k| weight(from_sort_key(k), max)));
+        let mut sum = 0.0f64;
+        for &w in weights.iter() {
+            sum += w;
+        }
+        let mut cum = Cumsum::default();
+        let mut r = 0;
+        while r < limit && cum.push((weights[r] / sum) as f32) <= self.threshold {
+            r += 1;
+        }
+        if r == 0 {
+            return Some(None);
+        }
+        let last = from_sort_key(sorted[r - 1]);
+        if last == from_sort_key(sorted[r]) {
+            return None; // equal values straddle the cut: torch's sort order picks which go
+        }
+        Some(Some(last))
     }
 }
 
@@ -149,5 +241,34 @@ mod tests {
         assert!(build_error("top_p(1.5)").contains("parameter `p`"));
         assert!(build_error("top_p(-0.1)").contains("<= 1"));
         assert!(build_error("top_p(0.9,0)").contains("min_tokens_to_keep"));
+    }
+
+    #[test]
+    fn the_value_cut_matches_the_full_introsort_bit_for_bit() {
+        use proptest::prelude::*;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (by_value, total) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        tokensieve_testkit::proptest_support::check(
+            "hf_top_p_value_cut",
+            256,
+            (adversarial_row(), prop_oneof![Just(0.95f64), Just(1.0), Just(0.0), 0.0f64..=1.0], 1usize..5),
+            |(row, p, mtk)| {
+                let top_p = TopP::new(p, mtk as i64).unwrap();
+                let mut fast = cands(&row);
+                if top_p.cut_by_value(&mut fast).is_some() {
+                    by_value.fetch_add(1, Ordering::Relaxed);
+                }
+                total.fetch_add(1, Ordering::Relaxed);
+                let mut fast = cands(&row);
+                top_p.clone().apply(&mut fast).unwrap();
+                let mut obvious = cands(&row);
+                top_p.apply_sorted(&mut obvious);
+                prop_assert_eq!(bits(&fast), bits(&obvious));
+                Ok(())
+            },
+        );
+        // The shortcut must actually be exercised, not just the fallback.
+        let (by_value, total) = (by_value.into_inner(), total.into_inner());
+        assert!(by_value * 2 > total, "value cut taken in {by_value} of {total} cases");
     }
 }
