@@ -39,6 +39,12 @@ pub struct Candidates {
     pub(crate) wide: Vec<f64>,
     /// Scratch radix-sort keys (two halves: keys and the ping-pong buffer), reused.
     pub(crate) keys: Vec<u32>,
+    /// A sparse view of a dense transformers-convention row: `data` holds, in ascending id
+    /// order, every token whose logit may be finite; every other token of the `vocab_size`
+    /// is `-inf`. Set only by the transformers row fast path when sampling; the transformers
+    /// stages either work on it as it is (where the result is provably the dense one) or
+    /// expand it ([`ensure_dense`](crate::convention::transformers::ensure_dense)).
+    pub(crate) sparse: bool,
 }
 
 impl Clone for Candidates {
@@ -54,6 +60,7 @@ impl Clone for Candidates {
             buckets: Vec::new(),
             wide: Vec::new(),
             keys: Vec::new(),
+            sparse: self.sparse,
         }
     }
 }
@@ -80,6 +87,7 @@ impl Candidates {
         self.sorted = false;
         self.dropped_front = 0;
         self.vocab_size = 0;
+        self.sparse = false;
         row.validate()?;
         self.data.reserve(row.len());
         row.for_each(|i, v| self.data.push(TokenData { id: i as u32, logit: v, p: 0.0 }));
@@ -95,6 +103,7 @@ impl Candidates {
         self.sorted = false;
         self.dropped_front = 0;
         self.vocab_size = vocab_size;
+        self.sparse = false;
     }
 
     /// [`Candidates::fill`] from an f32 row the caller has already validated.

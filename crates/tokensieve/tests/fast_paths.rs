@@ -310,3 +310,83 @@ fn top_p_and_its_softmax_sum_on_large_rows() {
     eprintln!("top_p on large rows: {fast} of 240 took the fast path");
     assert!(fast >= 100, "only {fast} of 240");
 }
+
+/// A transformers-convention chain the row path (`convention::transformers::row`) may take:
+/// elementwise stages, then `top_k`, `min_p` or `greedy`, then stages that run on its sparse
+/// view. Parameters include the edges: `k` of 1 and near `V`, `min_p` of 0 and 1,
+/// `min_tokens_to_keep` above 1 (torch's tie-dependent `topk` restoration), temperatures that
+/// make ties (huge divisors) and overflow (tiny ones on huge logits).
+fn hf_chain() -> impl Strategy<Value = String> {
+    let temperature = prop_oneof![
+        Just("temperature(0.8);"),
+        Just("temperature(0.7);"),
+        Just("temperature(1e6);"),
+        Just("temperature(1e-30);"),
+        Just("temperature(1.3);temperature(0.6);"),
+    ];
+    let prefix = prop_oneof![
+        2 => Just(String::new()),
+        3 => temperature.clone().prop_map(String::from),
+        2 => (prop_oneof![Just(1.1f32), Just(0.7), Just(1.5)], temperature)
+            .prop_map(|(p, t)| format!("repetition_penalty({p});{t}")),
+        1 => Just("temperature(0.9);repetition_penalty(1.2);".to_string()),
+    ];
+    let reduce = prop_oneof![
+        3 => prop_oneof![Just(1i32), Just(2), Just(40), Just(50), Just(129), Just(1000)].prop_map(|k| format!("top_k({k})")),
+        1 => (1i32..20, 2i32..60).prop_map(|(k, mk)| format!("top_k({k},{mk})")),
+        2 => (prop_oneof![Just(0.05f32), Just(0.0), Just(1.0), 0.0001f32..0.9], prop_oneof![3 => Just(1i32), 1 => 2i32..5])
+            .prop_map(|(p, mk)| format!("min_p({p},{mk})")),
+        1 => Just("greedy".to_string()),
+    ];
+    let tail = prop_oneof![
+        Just(";dist"),
+        Just(";greedy"),
+        Just(";top_p(0.95);min_p(0.05);dist"),
+        Just(";top_p(0.5,3);dist"),
+        Just(";temperature(0.7);min_p(0.1,2);dist"),
+        Just(";top_k(5);dist"),
+        Just(";typical(0.9);dist"),
+    ];
+    (prefix, reduce, tail).prop_map(|(p, r, t)| if r == "greedy" { format!("{p}{r}") } else { format!("{p}{r}{t}") })
+}
+
+/// Transformers convention, `sample`: the row path's tokens are the array path's (the dense
+/// row through every stage), over several steps with the penalties' history growing.
+#[test]
+fn transformers_sample_matches_the_array_path() {
+    let paths = Paths::default();
+    let rng = prop_oneof![any::<u32>().prop_map(RngConfig::mt19937), any::<u64>().prop_map(RngConfig::philox)];
+    let huge = (any::<u64>(), 2000usize..20_000).prop_map(|(seed, v)| {
+        // Logits near f32::MAX: a tiny temperature overflows them to +inf.
+        generate::row(RowKind::Gaussian, v, seed).into_iter().map(|x| x * 1e37).collect::<Vec<f32>>()
+    });
+    let rows = prop_oneof![6 => row_strategy(), 1 => huge];
+    check("hf_fast_sample", CASES, (rows, hf_chain(), history(), rng), |(row, spec, history, rng)| {
+        let ctx = BuildContext::new(row.len(), rng).with_convention(tokensieve::Convention::Transformers);
+        let mut chain = Chain::from_spec(&spec, &ctx).unwrap();
+        let mut stages = chain.stages().to_vec();
+        for &t in &history {
+            chain.accept(t);
+            stages.iter_mut().for_each(|s| s.accept(t));
+        }
+        for step in 0..3 {
+            let want = array_path(&mut stages, &row).map(|c| c.selected_token());
+            let got = chain.sample(&row);
+            paths.note(chain.last_path());
+            match (got, want) {
+                (Ok(token), Ok(Some(want))) => {
+                    prop_assert_eq!(token, want, "{} step {}", spec, step);
+                    prop_assert_eq!(chain.candidates().selected_token(), Some(token));
+                    stages.iter_mut().for_each(|s| s.accept(token));
+                }
+                (Err(a), Err(b)) => {
+                    prop_assert_eq!(a.to_string(), b.to_string());
+                    break;
+                }
+                (a, b) => prop_assert!(false, "{spec} step {step}: {a:?} vs {b:?}"),
+            }
+        }
+        Ok(())
+    });
+    paths.report("transformers sample", 0.4);
+}

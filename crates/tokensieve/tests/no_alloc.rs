@@ -6,7 +6,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use tokensieve::{sampler::BuildContext, Chain, LogprobsMode, RngConfig, TokenLogprob};
+use tokensieve::{sampler::BuildContext, Chain, Convention, LogprobsMode, RngConfig, TokenLogprob};
 use tokensieve_testkit::generate::{self, RowKind};
 
 struct Counting;
@@ -89,6 +89,35 @@ fn sampling_allocates_nothing_after_warm_up() {
                 assert_eq!(n, 0, "`{spec}` (V = {vocab}, {rng:?}) allocated {n} times in 32 tokens after warm-up");
             }
         }
+    }
+}
+
+/// The transformers convention's chains (the bench's table but `repetition_penalty`, whose
+/// list of seen tokens grows with every new token, as transformers' `input_ids` do).
+const TRANSFORMERS_CHAINS: &[&str] = &[
+    "temperature(0.8);top_k(40);top_p(0.95);min_p(0.05);dist",
+    "top_p(0.95);dist",
+    "temperature(0.8);dist",
+    "temperature(0.8);min_p(0.05);dist",
+    "greedy",
+];
+
+#[test]
+fn transformers_sampling_allocates_nothing_after_warm_up() {
+    let vocab = 128_256;
+    let row = generate::row(RowKind::Peaked, vocab, 7);
+    for spec in TRANSFORMERS_CHAINS {
+        let ctx = BuildContext::new(vocab, RngConfig::philox(3)).with_convention(Convention::Transformers);
+        let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+        for step in 0..40 {
+            chain.sample(&row).unwrap_or_else(|e| panic!("{spec}, warm-up step {step}: {e}"));
+        }
+        let n = allocations(|| {
+            for _ in 0..16 {
+                chain.sample(&row).unwrap();
+            }
+        });
+        assert_eq!(n, 0, "transformers `{spec}` allocated {n} times in 16 tokens after warm-up");
     }
 }
 

@@ -30,6 +30,8 @@
 use crate::candidates::{Candidates, TokenData};
 use crate::stdsort;
 
+pub(crate) mod row;
+
 /// A Python float meeting an f32 tensor: rounded to the nearest f32.
 #[inline]
 pub fn fl32(x: f64) -> f32 {
@@ -38,8 +40,9 @@ pub fn fl32(x: f64) -> f32 {
 
 /// Puts the candidates back in vocabulary order with one entry per token (`data[i].id == i`),
 /// every token missing from the array as `-inf`. A no-op (one scan) when they already are,
-/// which is always the case in a chain built under the transformers convention. Clears the
-/// `sorted` flag: HF processors never sort the row itself.
+/// which is the case in a chain built under the transformers convention unless the row fast
+/// path ([`row`]) left a sparse view, which this expands. Clears the `sorted` flag: HF
+/// processors never sort the row itself.
 pub fn ensure_dense(c: &mut Candidates) {
     let v = c.vocab_size;
     if !is_dense(&c.data, v) {
@@ -59,6 +62,7 @@ pub fn ensure_dense(c: &mut Candidates) {
         c.dropped_front = 0;
     }
     c.sorted = false;
+    c.sparse = false;
 }
 
 /// `data[i].id == i` for every `i` and `data.len() == v`. Runs once per processor, so it is

@@ -66,6 +66,7 @@
 
 use crate::arch::{self, Summary, BLOCK};
 use crate::candidates::{Candidates, TokenData};
+use crate::convention::{transformers, Convention};
 use crate::error::{Error, Result};
 use crate::logits::Logits;
 use crate::sampler::dist::Dist;
@@ -77,13 +78,17 @@ pub(crate) struct Scratch {
     /// f16/bf16 rows widened to f32.
     widened: Vec<f32>,
     /// Maximum of every block of the row ([`arch::summarize`]).
-    block_max: Vec<f32>,
+    pub(crate) block_max: Vec<f32>,
     /// Sparse edits of leading penalties/logit_bias stages: (id, logit), sorted by id.
-    overlay: Vec<(u32, f32)>,
+    pub(crate) overlay: Vec<(u32, f32)>,
     /// Entries gathered from the row.
-    gathered: Vec<TokenData>,
+    pub(crate) gathered: Vec<TokenData>,
     /// Indices of the blocks that reach a threshold.
-    blocks: Vec<TokenData>,
+    pub(crate) blocks: Vec<TokenData>,
+    /// Tokens a transformers `repetition_penalty` edits, with their processed logits.
+    pub(crate) edited: Vec<TokenData>,
+    /// Processed logits (transformers row path: the k-th largest).
+    pub(crate) values: Vec<f32>,
     /// A min-heap of block maxima (threshold selection).
     heap: Vec<f32>,
     /// Per-block f64 sums of weights (`dist`).
@@ -220,6 +225,11 @@ fn prepare_f32(
             let (p, min_keep) = t.params();
             top_p(p, min_keep, r, summary, s, c)
         }
+        Some(stage)
+            if need == Need::Token && s.overlay.is_empty() && stage.convention() == Convention::Transformers =>
+        {
+            return Ok(transformers::row::prepare(stages, first, r, s, c)?.unwrap_or_else(|| array(r, c)));
+        }
         Some(Stage::Greedy(_)) if need == Need::Token => {
             s.path = Path::Fast("greedy");
             return greedy(r, summary, s, c).map(Prepared::Selected);
@@ -253,7 +263,7 @@ fn array(r: &[f32], c: &mut Candidates) -> Prepared {
 }
 
 /// The overlay's logit for `token`, inserted (from the row) if it has none yet.
-fn overlay_slot<'o>(overlay: &'o mut Vec<(u32, f32)>, token: u32, r: &[f32]) -> &'o mut f32 {
+pub(crate) fn overlay_slot<'o>(overlay: &'o mut Vec<(u32, f32)>, token: u32, r: &[f32]) -> &'o mut f32 {
     let at = match overlay.binary_search_by_key(&token, |e| e.0) {
         Ok(at) => at,
         Err(at) => {
@@ -358,7 +368,7 @@ fn remember(s: &mut Scratch, slot: Option<usize>, need: usize, gap: f32) {
 
 /// Every entry of row + overlay with logit `>= tau`, in id order, into `out` (cleared);
 /// `blocks` is scratch.
-fn gather_at_least(
+pub(crate) fn gather_at_least(
     r: &[f32],
     block_max: &[f32],
     overlay: &[(u32, f32)],
@@ -404,8 +414,8 @@ fn gather_at_least(
 /// row value `>= tau` and an edited value below it: of the `k + e` blocks reaching `tau`, at
 /// most `e` may have lost their only entry `>= tau` to an edit, so `k` blocks still hold one.
 /// Usually `e = 0`: penalties lower a sampled (large) logit only a little, and it stays
-/// above `tau`.
-fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<()> {
+/// above `tau`. Returns `tau`.
+pub(crate) fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<f32> {
     let max = s.summary.map_or(f32::NEG_INFINITY, |m| m.max);
     let mut extra = 0;
     let tau = loop {
@@ -418,7 +428,7 @@ fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<()> {
     };
     gather_at_least(r, &s.block_max, &s.overlay, tau, &mut s.gathered, &mut s.blocks);
     debug_assert!(s.gathered.len() >= k);
-    Some(())
+    Some(tau)
 }
 
 fn desc(a: &TokenData, b: &TokenData) -> std::cmp::Ordering {
@@ -565,7 +575,7 @@ fn greedy(r: &[f32], summary: Summary, s: &mut Scratch, c: &mut Candidates) -> R
         ((start + i) as u32, block[i])
     } else {
         match gather_top(1, r, s) {
-            Some(()) => {
+            Some(_) => {
                 let max = s.gathered.iter().fold(f32::NEG_INFINITY, |m, t| m.max(t.logit));
                 let t = s.gathered.iter().find(|t| t.logit == max).copied().unwrap_or_default();
                 (t.id, t.logit)

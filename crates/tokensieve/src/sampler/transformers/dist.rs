@@ -51,7 +51,13 @@ impl Sampler for Dist {
     }
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
-        ensure_dense(c);
+        // A sparse view leaves out only -inf tokens, whose weight is exactly 0: the same
+        // nonzero weights are added in the same (vocabulary) order, so the sum and the draw
+        // are the dense row's. Not with a `+inf` logit (a temperature can overflow one): no
+        // weight is positive then and the dense row's fallback is token 0.
+        if !c.sparse || c.data.iter().any(|t| t.logit == f32::INFINITY) {
+            ensure_dense(c);
+        }
         require_finite_candidate("dist", c)?;
         // One exp per entry, kept in `c.wide`: the sum below is softmax's own sum (the same
         // weights added in the same order), and the draw walks the same weights.

@@ -32,8 +32,11 @@ impl Sampler for Greedy {
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
         // In vocabulary order, the first maximum in array order is the lowest id among the
-        // maxima: exactly llama.cpp's greedy scan.
-        ensure_dense(c);
+        // maxima: exactly llama.cpp's greedy scan. A sparse view is in vocabulary order too,
+        // and the tokens it leaves out are -inf.
+        if !c.sparse {
+            ensure_dense(c);
+        }
         crate::sampler::greedy::Greedy.apply(c)
     }
 

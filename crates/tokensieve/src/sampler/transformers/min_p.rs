@@ -62,6 +62,9 @@ impl Sampler for MinP {
     }
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
+        if c.sparse && self.apply_sparse(c) {
+            return Ok(());
+        }
         ensure_dense(c);
         let mut exps = std::mem::take(&mut c.wide);
         let (max, sum) = softmax_exps(&mut c.data, &mut exps); // the bits of `softmax`, one exp per entry
@@ -92,6 +95,42 @@ impl Sampler for MinP {
 }
 
 impl MinP {
+    /// `(min_p, min_tokens_to_keep)` as applied: `min_p` rounded to f32.
+    pub(crate) fn params(&self) -> (f32, usize) {
+        (self.min_p, self.min_tokens_to_keep)
+    }
+
+    /// [`MinP::apply`] on a sparse view, when its result is the dense row's: `false` (the
+    /// view untouched but for `p` fields) when only the dense row can decide.
+    ///
+    /// The view leaves out -inf tokens only, whose weight is exactly 0: the maximum, the f64
+    /// sum (the same nonzero weights in the same order) and every probability are the dense
+    /// row's. With `threshold > 0` a left-out token (`p = 0`) is below it, as in the dense
+    /// count; with `threshold = 0` nothing is removed in either. Only the tie-dependent
+    /// `topk` restoration needs the dense row.
+    fn apply_sparse(&self, c: &mut Candidates) -> bool {
+        let mut exps = std::mem::take(&mut c.wide);
+        let (max, sum) = softmax_exps(&mut c.data, &mut exps);
+        c.wide = exps;
+        if !max.is_finite() {
+            return true;
+        }
+        let threshold = self.min_p * (1.0 / sum) as f32;
+        if threshold == 0.0 {
+            return true;
+        }
+        let k = self.min_tokens_to_keep.min(c.vocab_size);
+        if k > 1 && c.data.iter().filter(|t| t.p >= threshold).count() < k {
+            return false;
+        }
+        for t in c.as_mut_slice() {
+            if t.p < threshold {
+                t.logit = f32::NEG_INFINITY;
+            }
+        }
+        true
+    }
+
     /// The removal with torch's `topk(probs, k)` indices forced back, as transformers
     /// writes it.
     fn restore_topk_and_remove(&self, c: &mut Candidates, threshold: f32, k: usize) {

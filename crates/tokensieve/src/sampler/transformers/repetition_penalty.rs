@@ -67,8 +67,7 @@ impl Sampler for RepetitionPenalty {
         let data = c.as_mut_slice();
         for &id in &self.seen {
             let Some(t) = data.get_mut(id as usize) else { break }; // sorted: the rest are >= V too
-            let s = t.logit;
-            t.logit = if s < 0.0 { s * self.penalty } else { s / self.penalty };
+            t.logit = self.penalise(t.logit);
         }
         Ok(())
     }
@@ -81,6 +80,23 @@ impl Sampler for RepetitionPenalty {
 
     fn reset(&mut self) {
         self.seen.clear();
+    }
+}
+
+impl RepetitionPenalty {
+    /// A seen token's logit after this stage.
+    #[inline]
+    pub(crate) fn penalise(&self, s: f32) -> f32 {
+        if s < 0.0 {
+            s * self.penalty
+        } else {
+            s / self.penalty
+        }
+    }
+
+    /// The distinct ids accepted so far, sorted (the tokens this stage edits).
+    pub(crate) fn seen(&self) -> &[u32] {
+        &self.seen
     }
 }
 

@@ -57,11 +57,27 @@ impl Sampler for Temperature {
     }
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
-        ensure_dense(c);
+        // A sparse view stays one: the tokens it leaves out are -inf, and -inf / t = -inf.
+        if !c.sparse {
+            ensure_dense(c);
+        }
         for tok in c.as_mut_slice() {
-            tok.logit /= self.t;
+            tok.logit = self.scale(tok.logit);
         }
         Ok(())
+    }
+}
+
+impl Temperature {
+    /// One logit after this stage: `z / fl32(t)`.
+    #[inline]
+    pub(crate) fn scale(&self, z: f32) -> f32 {
+        z / self.t
+    }
+
+    /// The f32-rounded temperature the logits are divided by.
+    pub(crate) fn divisor(&self) -> f32 {
+        self.t
     }
 }
 

@@ -52,13 +52,29 @@ impl TopK {
     }
 }
 
+impl TopK {
+    /// `max(top_k, min_tokens_to_keep)`.
+    pub(crate) fn k(&self) -> usize {
+        self.k
+    }
+}
+
 impl Sampler for TopK {
     fn name(&self) -> &'static str {
         "top_k"
     }
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
-        ensure_dense(c);
+        if c.sparse {
+            // The tokens a sparse view leaves out are -inf, the smallest values: with `k` at
+            // least the view's length the k-th largest is -inf or the view's minimum, and
+            // nothing finite is below it; otherwise it is the view's own k-th largest.
+            if self.k >= c.len() {
+                return Ok(());
+            }
+        } else {
+            ensure_dense(c);
+        }
         let k = self.k.min(c.len());
         if k == 0 || k == c.len() {
             return Ok(()); // t = the minimum: nothing is below it

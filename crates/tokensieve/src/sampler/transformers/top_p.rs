@@ -68,7 +68,12 @@ impl Sampler for TopP {
     }
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
-        ensure_dense(c);
+        // The cut by value needs only the finite logits and how many tokens there are
+        // (`vocab_size`), so a sparse view (which leaves out -inf tokens only) gets the dense
+        // row's cut; only the torch-order fallback needs the dense row.
+        if !c.sparse {
+            ensure_dense(c);
+        }
         match self.cut_by_value(c) {
             Some(None) => {}
             Some(Some(last)) => {
@@ -124,7 +129,7 @@ impl TopP {
     /// values, no comparator on pairs). Where the values at sorted positions `r - 1` and `r`
     /// differ, the removed set is "every value `<= sorted[r - 1]`" whatever the tie order.
     fn cut_by_value(&self, c: &mut Candidates) -> Option<Option<f32>> {
-        let n = c.data.len();
+        let n = c.vocab_size;
         let mut keys = std::mem::take(&mut c.keys);
         let mut weights = std::mem::take(&mut c.wide);
         let cut = self.cut_from_sorted(&c.data, n, &mut keys, &mut weights);

@@ -1,0 +1,324 @@
+//! The transformers convention's row fast path, for sampling (only the token is observed).
+//!
+//! HF processors rewrite the whole `(batch, vocab)` score tensor at every step, and the
+//! array path reproduces that on a dense candidate array: at V = 128k a chain such as
+//! `temperature;top_k;top_p;min_p;dist` costs a few milliseconds, nearly all of it spent on
+//! entries that are `-inf` after `top_k`. Here the leading stages run on the row in place
+//! and leave a **sparse view** ([`Candidates::sparse`]): in ascending id order, every token
+//! whose processed logit may be finite, with that logit. The stages after it treat the view
+//! as the dense row (see each stage's `apply`); where only the dense row can decide (ties
+//! that torch's sort order breaks), they expand it first.
+//!
+//! What runs in place:
+//! * **Elementwise stages** first: `repetition_penalty` (a sparse edit of the seen tokens)
+//!   and `temperature` (`z / fl32(t)`, monotone: `a <= b` implies `a / t <= b / t`). A token
+//!   no penalty touches has processed logit `f(z)`, `f` the temperatures in order.
+//! * Then **`top_k(k)`**: the k-th largest processed logit `tau` is the k-th largest over
+//!   the `k` largest untouched raw logits (their images under `f` are the `k` largest
+//!   untouched processed logits, `f` being monotone) and the edited tokens. The survivors
+//!   are the tokens with processed logit `>= tau`: gathered from the row above a raw bound
+//!   below which `f` cannot reach `tau` ([`raw_floor`]), then tested exactly.
+//! * Or **`greedy`**: `top_k(1)`'s survivors are the maxima; the lowest id wins.
+//! * Or **`min_p(p)`**: a token survives when `fl32(w / S) >= fl32(p * fl32(1 / S))`, `w` its
+//!   weight `exp(fl32(z - max))` and `S` the sum of all weights. Both sides carry `1 / S`, so
+//!   up to a relative error below `2^-21` the test is `w >= p`, i.e. `fl32(z - max) >= ln p`,
+//!   decided without `S` unless the difference is within `2^-19` of `ln p` (then the array
+//!   path runs).
+//!
+//! Anything else (another first stage, a stage after them this module does not know to
+//! be sparse-safe, non-finite processed logits, fewer finite logits than `k`) takes the
+//! array path; the result is the same either way, which the tests below check against it.
+
+use crate::candidates::{Candidates, TokenData};
+use crate::convention::llama_cpp::dense::{gather_at_least, gather_top, overlay_slot, Path, Prepared, Scratch};
+use crate::error::Result;
+use crate::sampler::{Sampler, Stage};
+
+/// Whether `stage` can run on a sparse view and give the dense row's result (or expands it).
+fn sparse_safe(stage: &Stage) -> bool {
+    stage.is_inert()
+        || matches!(
+            stage,
+            Stage::HfTemperature(_)
+                | Stage::HfTopK(_)
+                | Stage::HfTopP(_)
+                | Stage::HfMinP(_)
+                | Stage::HfDist(_)
+                | Stage::HfGreedy(_)
+        )
+}
+
+/// The processed logit of a token no penalty touches: the temperatures of `prefix` in order.
+#[inline]
+fn untouched(prefix: &[Stage], z: f32) -> f32 {
+    prefix.iter().fold(z, |z, stage| match stage {
+        Stage::HfTemperature(t) if !stage.is_inert() => t.scale(z),
+        _ => z,
+    })
+}
+
+/// The processed logit of token `id`, whatever touches it: `prefix` in order.
+fn processed(prefix: &[Stage], id: u32, z: f32) -> f32 {
+    prefix.iter().fold(z, |z, stage| match stage {
+        _ if stage.is_inert() => z,
+        Stage::HfTemperature(t) => t.scale(z),
+        Stage::HfRepetitionPenalty(p) if p.seen().binary_search(&id).is_ok() => p.penalise(z),
+        _ => z,
+    })
+}
+
+/// A raw logit below which no untouched token reaches processed value `tau` (finite):
+/// `f(z) >= tau` implies `z >= raw_floor(tau)`. Through each temperature backwards:
+/// `fl32(y / t) >= tau` implies `y / t >= tau - ulp(tau)` (round to nearest moves a value by
+/// at most half an ulp, and at most `|tau| * 2^-23 + 2^-149` covers an ulp of any float at or
+/// below `tau` in magnitude), so `y >= (tau - |tau| 2^-22 - 2^-148) t`, computed in f64 with
+/// a relative margin and rounded down to f32.
+fn raw_floor(prefix: &[Stage], tau: f32) -> f32 {
+    let mut bound = tau as f64;
+    for stage in prefix.iter().rev() {
+        if let Stage::HfTemperature(t) = stage {
+            if stage.is_inert() {
+                continue;
+            }
+            let y = (bound - bound.abs() * 2f64.powi(-22) - 2f64.powi(-148)) * t.divisor() as f64;
+            bound = y - y.abs() * 2f64.powi(-40);
+        }
+    }
+    f32_at_most(bound)
+}
+
+/// The largest f32 `<= x` (`x` not NaN).
+fn f32_at_most(x: f64) -> f32 {
+    let y = x as f32;
+    if (y as f64) <= x {
+        y
+    } else if y > 0.0 {
+        f32::from_bits(y.to_bits() - 1)
+    } else if y < 0.0 {
+        f32::from_bits(y.to_bits() + 1)
+    } else {
+        -f32::from_bits(1)
+    }
+}
+
+/// What the reducing stage at the end of the elementwise prefix is.
+enum Reduce {
+    TopK(usize),
+    Greedy,
+    MinP(f32, usize),
+}
+
+/// Runs `stages[first..]` on the row in place where it can (see the module docs): the
+/// candidates are left as a sparse view and `Some(Built)` says how many stages ran, or a
+/// greedy stage selected. `None`: this chain (or this row) takes the array path; the
+/// candidates are untouched then. `r` is validated (no NaN, no `+inf`).
+pub(crate) fn prepare(
+    stages: &[Stage],
+    first: usize,
+    r: &[f32],
+    s: &mut Scratch,
+    c: &mut Candidates,
+) -> Result<Option<Prepared>> {
+    let v = r.len();
+    let mut end = first;
+    while stages
+        .get(end)
+        .is_some_and(|st| st.is_inert() || matches!(st, Stage::HfTemperature(_) | Stage::HfRepetitionPenalty(_)))
+    {
+        end += 1;
+    }
+    let reduce = match stages.get(end) {
+        Some(Stage::HfTopK(t)) if t.k() < v => Reduce::TopK(t.k()),
+        Some(Stage::HfGreedy(_)) => Reduce::Greedy,
+        Some(Stage::HfMinP(m)) => {
+            let (p, keep) = m.params();
+            Reduce::MinP(p, keep)
+        }
+        _ => return Ok(None),
+    };
+    if !stages[end + 1..].iter().all(sparse_safe) {
+        return Ok(None);
+    }
+    let prefix = &stages[first..end];
+
+    // The edited tokens: hidden from the row scans (-inf in the overlay), their processed
+    // logits computed exactly.
+    s.overlay.clear();
+    for stage in prefix {
+        if let Stage::HfRepetitionPenalty(p) = stage {
+            if !stage.is_inert() {
+                for &id in p.seen().iter().take_while(|&&id| (id as usize) < v) {
+                    *overlay_slot(&mut s.overlay, id, r) = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    s.edited.clear();
+    s.edited.extend(s.overlay.iter().map(|&(id, _)| TokenData {
+        id,
+        logit: processed(prefix, id, r[id as usize]),
+        p: 0.0,
+    }));
+    if s.edited.iter().any(|t| t.logit.is_nan() || t.logit == f32::INFINITY) {
+        return Ok(None);
+    }
+
+    // The largest untouched tokens (a superset of the top `k`), as raw logits.
+    let k = match reduce {
+        Reduce::TopK(k) => k,
+        Reduce::Greedy | Reduce::MinP(..) => 1,
+    };
+    let Some(gathered_from) = gather_top(k, r, s) else { return Ok(None) };
+    let keep_at_least = match reduce {
+        Reduce::TopK(_) | Reduce::Greedy => {
+            // The k-th largest processed logit over the gathered and the edited tokens.
+            s.values.clear();
+            s.values.extend(s.gathered.iter().map(|t| untouched(prefix, t.logit)));
+            s.values.extend(s.edited.iter().map(|t| t.logit));
+            if s.values.len() < k {
+                return Ok(None);
+            }
+            let (_, &mut tau, _) = s.values.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+            tau
+        }
+        Reduce::MinP(p, _) => {
+            let max = s.gathered.iter().map(|t| untouched(prefix, t.logit)).chain(s.edited.iter().map(|t| t.logit));
+            let max = max.fold(f32::NEG_INFINITY, f32::max);
+            match min_p_floor(p, max, v) {
+                Some(floor) => floor,
+                None => return Ok(None),
+            }
+        }
+    };
+    if !keep_at_least.is_finite() {
+        return Ok(None); // fewer finite logits than k, or a processed logit overflowed
+    }
+    let floor = raw_floor(prefix, keep_at_least);
+    if floor < gathered_from {
+        gather_at_least(r, &s.block_max, &s.overlay, floor, &mut s.gathered, &mut s.blocks);
+    }
+
+    // The survivors, in id order: gathered (untouched) and edited tokens merged.
+    c.begin(v);
+    let mut edits = s.edited.iter().peekable();
+    for t in &s.gathered {
+        while let Some(e) = edits.next_if(|e| e.id < t.id) {
+            push_if(c, *e, keep_at_least);
+        }
+        push_if(c, TokenData { id: t.id, logit: untouched(prefix, t.logit), p: 0.0 }, keep_at_least);
+    }
+    for e in edits {
+        push_if(c, *e, keep_at_least);
+    }
+    if c.data.iter().any(|t| !t.logit.is_finite()) {
+        c.begin(v);
+        return Ok(None);
+    }
+
+    s.path = Path::Fast(stages[end].name());
+    match reduce {
+        Reduce::TopK(_) => {}
+        Reduce::Greedy => {
+            // Every survivor holds the maximum; the first (lowest id) is torch's argmax.
+            let Some(&t) = c.data.first() else { return Ok(None) };
+            c.data.truncate(1);
+            c.selected = Some(0);
+            return Ok(Some(Prepared::Selected(t.id)));
+        }
+        Reduce::MinP(p, keep) => {
+            let max = c.data.iter().fold(f32::NEG_INFINITY, |m, t| m.max(t.logit));
+            let ln_p = (p as f64).ln();
+            let margin = 2f64.powi(-19);
+            for t in c.data.iter_mut() {
+                let y = (t.logit - max) as f64; // the f32 difference of the softmax
+                if y < ln_p - margin {
+                    t.logit = f32::NEG_INFINITY;
+                } else if y <= ln_p + margin {
+                    c.begin(v);
+                    s.path = Path::Fallback("min_p");
+                    return Ok(None); // within rounding of the threshold: only S can decide
+                }
+            }
+            c.data.retain(|t| t.logit != f32::NEG_INFINITY);
+            if keep > 1 && c.data.len() < keep {
+                c.begin(v);
+                s.path = Path::Fallback("min_p");
+                return Ok(None); // torch's topk would bring tokens back: tie order matters
+            }
+        }
+    }
+    c.sparse = true;
+    Ok(Some(Prepared::Built { applied: end + 1 }))
+}
+
+fn push_if(c: &mut Candidates, t: TokenData, at_least: f32) {
+    if t.logit >= at_least {
+        c.data.push(t);
+    }
+}
+
+/// The processed logit below which `min_p(p)` removes a token for sure (see the module docs),
+/// for a row whose largest processed logit is `max`; `None` where the test cannot be decided
+/// without the sum (`p = 0` keeps everything, `p = 1` sits on the threshold, and thresholds
+/// that may be subnormal round differently).
+fn min_p_floor(p: f32, max: f32, v: usize) -> Option<f32> {
+    if !(p > 0.0 && p < 1.0 && max.is_finite()) || (p as f64) / (v as f64) < 2f64.powi(-100) {
+        return None;
+    }
+    // fl32(z - max) >= ln p - 2^-19 needs z - max >= (ln p - 2^-19)(1 + 2^-23) (rounding moves
+    // a difference by at most half an ulp); a little more margin, then rounded down.
+    let y = ((p as f64).ln() - 2f64.powi(-19)) * (1.0 + 2f64.powi(-20));
+    let bound = max as f64 + y - (max as f64).abs() * 2f64.powi(-40);
+    Some(f32_at_most(bound))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampler::transformers::temperature::Temperature;
+    use proptest::prelude::*;
+
+    #[test]
+    fn f32_at_most_rounds_down() {
+        assert_eq!(f32_at_most(1.5), 1.5);
+        // 0.1 rounds up to f32; the largest f32 <= 0.1 is the one below it.
+        assert_eq!(f32_at_most(0.1), f32::from_bits(0.1f32.to_bits() - 1));
+        assert_eq!(f32_at_most(-0.1), -0.1f32);
+        assert_eq!(f32_at_most(1e-50), 0.0);
+        assert_eq!(f32_at_most(-1e-50), -f32::from_bits(1));
+        assert_eq!(f32_at_most(1e39), f32::MAX);
+    }
+
+    #[test]
+    fn raw_floor_never_cuts_a_token_that_reaches_tau() {
+        // Every z (and the floats just below it) whose processed value is >= tau = f(z) must
+        // be >= the floor, through one or two temperatures, for magnitudes from subnormal to
+        // huge.
+        let magnitude = prop_oneof![-1e3f32..1e3, -1e-38f32..1e-38, -3e38f32..3e38, -1e-42f32..1e-42];
+        let temp = prop_oneof![1e-3f64..1e3, Just(1.0), Just(0.7), Just(1e-30), Just(1e30)];
+        tokensieve_testkit::proptest_support::check(
+            "hf_raw_floor",
+            2048,
+            (magnitude, temp.clone(), proptest::option::of(temp)),
+            |(z, t1, t2)| {
+                let mut prefix = vec![Stage::HfTemperature(Temperature::new(t1).unwrap())];
+                if let Some(t2) = t2 {
+                    prefix.push(Stage::HfTemperature(Temperature::new(t2).unwrap()));
+                }
+                let tau = untouched(&prefix, z);
+                if !tau.is_finite() {
+                    return Ok(());
+                }
+                let floor = raw_floor(&prefix, tau);
+                let mut x = z;
+                for _ in 0..64 {
+                    if untouched(&prefix, x) >= tau {
+                        prop_assert!(x >= floor, "z {x} reaches {tau} but the floor is {floor}");
+                    }
+                    x = f32_at_most(x as f64 - f64::from(x).abs() * 1e-9 - 1e-300);
+                }
+                Ok(())
+            },
+        );
+    }
+}
