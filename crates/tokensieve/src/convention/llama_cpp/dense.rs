@@ -92,11 +92,11 @@ pub(crate) struct Scratch {
     /// A min-heap of block maxima (threshold selection).
     heap: Vec<f32>,
     /// Per-block f64 sums of weights (`dist`).
-    block_sums: Vec<f64>,
+    pub(crate) block_sums: Vec<f64>,
     /// One block of weights.
     weights: Vec<f32>,
     /// The summary of the row of the last [`prepare`], while it is known valid.
-    summary: Option<Summary>,
+    pub(crate) summary: Option<Summary>,
     /// Which path the last [`prepare`] took (for tests and benchmarks).
     pub(crate) path: Path,
     /// Recent `(need, max - threshold)` pairs of [`threshold`], so that the next row (similar

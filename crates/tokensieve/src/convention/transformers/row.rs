@@ -19,6 +19,10 @@
 //!   are the tokens with processed logit `>= tau`: gathered from the row above a raw bound
 //!   below which `f` cannot reach `tau` ([`raw_floor`]), then tested exactly.
 //! * Or **`greedy`**: `top_k(1)`'s survivors are the maxima; the lowest id wins.
+//! * Or **`dist`** after at most one temperature: the draw is located with approximate
+//!   per-block sums of the weights and certified against their error bound
+//!   ([`locate_draw`]), as llama.cpp's `dist` fast path does; uncertain draws (the target
+//!   within rounding of an interval end) take the array path with the same draw.
 //! * Or **`min_p(p)`**: a token survives when `fl32(w / S) >= fl32(p * fl32(1 / S))`, `w` its
 //!   weight `exp(fl32(z - max))` and `S` the sum of all weights. Both sides carry `1 / S`, so
 //!   up to a relative error below `2^-21` the test is `w >= p`, i.e. `fl32(z - max) >= ln p`,
@@ -29,9 +33,12 @@
 //! be sparse-safe, non-finite processed logits, fewer finite logits than `k`) takes the
 //! array path; the result is the same either way, which the tests below check against it.
 
+use crate::arch::{self, BLOCK};
 use crate::candidates::{Candidates, TokenData};
 use crate::convention::llama_cpp::dense::{gather_at_least, gather_top, overlay_slot, Path, Prepared, Scratch};
+use crate::convention::transformers::weight;
 use crate::error::Result;
+use crate::sampler::transformers::dist::Dist;
 use crate::sampler::{Sampler, Stage};
 
 /// Whether `stage` can run on a sparse view and give the dense row's result (or expands it).
@@ -113,7 +120,7 @@ enum Reduce {
 /// greedy stage selected. `None`: this chain (or this row) takes the array path; the
 /// candidates are untouched then. `r` is validated (no NaN, no `+inf`).
 pub(crate) fn prepare(
-    stages: &[Stage],
+    stages: &mut [Stage],
     first: usize,
     r: &[f32],
     s: &mut Scratch,
@@ -134,6 +141,7 @@ pub(crate) fn prepare(
             let (p, keep) = m.params();
             Reduce::MinP(p, keep)
         }
+        Some(Stage::HfDist(_)) => return dist(stages, first, end, r, s, c),
         _ => return Ok(None),
     };
     if !stages[end + 1..].iter().all(sparse_safe) {
@@ -249,6 +257,97 @@ pub(crate) fn prepare(
     }
     c.sparse = true;
     Ok(Some(Prepared::Built { applied: end + 1 }))
+}
+
+/// `[temperature(t);] dist` on the untouched row: the token transformers' `dist` selects for
+/// this step's draw `u`, located with approximate per-block sums and certified (see
+/// [`locate_draw`]); where it cannot be, the array path runs with the same draw.
+fn dist(
+    stages: &mut [Stage],
+    first: usize,
+    end: usize,
+    r: &[f32],
+    s: &mut Scratch,
+    c: &mut Candidates,
+) -> Result<Option<Prepared>> {
+    let mut t = 1.0f32;
+    let mut temperatures = 0;
+    for stage in &stages[first..end] {
+        match stage {
+            _ if stage.is_inert() => {}
+            Stage::HfTemperature(x) => {
+                t = x.divisor();
+                temperatures += 1;
+            }
+            _ => return Ok(None), // a penalty: its edits would need their own weights
+        }
+    }
+    let Some(summary) = s.summary else { return Ok(None) };
+    // One division per logit (two temperatures round twice); an all -inf row is the array
+    // path's error.
+    if temperatures > 1 || summary.max == f32::NEG_INFINITY {
+        return Ok(None);
+    }
+    // Division by t > 0 is monotone: the largest processed logit is the largest raw one's.
+    let max = summary.max / t;
+    if !max.is_finite() {
+        return Ok(None);
+    }
+    let Some(Stage::HfDist(d)) = stages.get_mut(end) else { return Ok(None) };
+    let u = d.draw();
+    if let Some(id) = locate_draw(r, t, max, u, s) {
+        c.begin(r.len());
+        c.data.push(TokenData { id, logit: r[id as usize] / t, p: 0.0 });
+        c.selected = Some(0);
+        s.path = Path::Fast("dist");
+        return Ok(Some(Prepared::Selected(id)));
+    }
+    c.fill_validated(r);
+    for stage in &mut stages[..end] {
+        stage.apply(c)?;
+    }
+    Dist::select(c, u);
+    s.path = Path::Fallback("dist");
+    Ok(Some(Prepared::Built { applied: end + 1 }))
+}
+
+/// The token transformers' `dist` selects for draw `u` over the weights
+/// `w_i = exp(f64(fl32(r_i / t) - max))`: the first whose running f64 sum (row order) exceeds
+/// `u · Σ w`. The weights' arguments are llama.cpp's (`fl32(fl32(r_i / t) - max)`), so the
+/// approximate block sums of llama.cpp's `expf` weights serve: their bound covers the distance
+/// to the exact `exp` of those arguments (it adds `expf`'s own rounding on top), to which the
+/// f64 `exp` (half an f64 ulp), the f64 summation and flushed weights add. The crossing block is resolved with the exact weights, and the token is returned
+/// only when the target is farther than twice the bound from both ends of its interval.
+fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<u32> {
+    s.block_sums.resize(r.len().div_ceil(BLOCK), 0.0);
+    let approx_err = arch::exp_block_sums_approx(r, t, max, &mut s.block_sums);
+    let sum: f64 = s.block_sums.iter().sum();
+    let n = r.len() as f64;
+    let err = approx_err + sum * (n + 8.0) * f64::EPSILON * 2.0 + n * 1.2e-38;
+    let target = sum * u;
+    let mut before = 0.0f64;
+    let b = s.block_sums.iter().position(|&bs| {
+        let after = before + bs;
+        if after >= target {
+            return true;
+        }
+        before = after;
+        false
+    })?;
+    let start = b * BLOCK;
+    let mut running = before;
+    for (j, &z) in r[start..(start + BLOCK).min(r.len())].iter().enumerate() {
+        let w = weight(z / t, max);
+        if w > 0.0 {
+            let prev = running;
+            running += w;
+            if running > target {
+                let certain = prev + 2.0 * err < target && target + 2.0 * err < running;
+                return certain.then_some((start + j) as u32);
+            }
+        }
+    }
+    None
 }
 
 fn push_if(c: &mut Candidates, t: TokenData, at_least: f32) {

@@ -59,11 +59,39 @@ impl Sampler for Dist {
             ensure_dense(c);
         }
         require_finite_candidate("dist", c)?;
+        let u = self.draw();
+        Self::select(c, u);
+        Ok(())
+    }
+
+    fn accept(&mut self, _token: u32) {
+        self.rng.accept();
+    }
+
+    fn reset(&mut self) {
+        self.rng.reset();
+    }
+
+    fn selects(&self) -> bool {
+        true
+    }
+}
+
+impl Dist {
+    /// The uniform draw of this step, in `[0, 1)`.
+    pub(crate) fn draw(&mut self) -> f64 {
+        self.rng.uniform_f64()
+    }
+
+    /// Selects the token for draw `u` from dense candidates (or a sparse view without `+inf`)
+    /// holding at least one finite logit: the first whose running f64 sum of weights exceeds
+    /// `u` times their sum.
+    pub(crate) fn select(c: &mut Candidates, u: f64) {
         // One exp per entry, kept in `c.wide`: the sum below is softmax's own sum (the same
         // weights added in the same order), and the draw walks the same weights.
         let mut weights = std::mem::take(&mut c.wide);
         let (_, sum) = softmax_exps(&mut c.data, &mut weights);
-        let target = self.rng.uniform_f64() * sum;
+        let target = u * sum;
         let mut running = 0.0f64;
         let mut selected = None;
         let mut last_positive = 0;
@@ -80,19 +108,6 @@ impl Sampler for Dist {
         c.wide = weights;
         // Rounding can leave the running sum a hair below `u * sum` at the end.
         c.set_selected(Some(selected.unwrap_or(last_positive)));
-        Ok(())
-    }
-
-    fn accept(&mut self, _token: u32) {
-        self.rng.accept();
-    }
-
-    fn reset(&mut self) {
-        self.rng.reset();
-    }
-
-    fn selects(&self) -> bool {
-        true
     }
 }
 
