@@ -369,6 +369,8 @@ fn hf_chain() -> impl Strategy<Value = String> {
             .prop_map(|(p, mk)| format!("min_p({p},{mk})")),
         1 => Just("greedy".to_string()),
         2 => Just("dist".to_string()),
+        2 => (prop_oneof![Just(0.95f32), Just(0.5), Just(0.999), 0.01f32..0.99], prop_oneof![3 => Just(1i32), 1 => 2i32..300])
+            .prop_map(|(p, mk)| format!("top_p({p},{mk})")),
     ];
     let tail = prop_oneof![
         Just(";dist"),

@@ -288,7 +288,11 @@ pub fn exp_block_sums(src: &[f32], div: f32, sub: f32, out: &mut [f64]) {
 /// the sums are exact (`E = 0`). Every `src[i] / div - sub` must be `<= 0` or `-inf`.
 pub fn exp_block_sums_approx(src: &[f32], div: f32, sub: f32, out: &mut [f64]) -> f64 {
     assert_eq!(out.len(), src.len().div_ceil(BLOCK), "exp_block_sums_approx: wrong output length");
-    if caps().isa == Isa::Avx2 {
+    // The bound is first order in the argument's rounding error, about `2^-24·|sub|` per
+    // weight: past |sub| = 2^13 (a tiny temperature) it would not hold, and the kernel's scale
+    // `log2 e / div` must be a normal f32. Exact sums then.
+    let scale = (std::f64::consts::LOG2_E / div as f64) as f32;
+    if caps().isa == Isa::Avx2 && sub.abs() <= 8192.0 && scale.is_normal() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
         unsafe {

@@ -293,6 +293,12 @@ pub fn sorted_finite_logits<'k>(data: &[TokenData], keys: &'k mut Vec<u32>) -> O
         }
     }
     let m = keys.len();
+    if m <= 512 {
+        // A handful of values (after top_k, or on a sparse view): the radix sort's fixed cost
+        // (four 256-entry histograms) would dominate.
+        keys.sort_unstable();
+        return Some(keys);
+    }
     // Four passes of 8 bits: 256 scatter streams per pass stay cache-friendly.
     const BITS: u32 = 8;
     const MASK: u32 = (1 << BITS) - 1;

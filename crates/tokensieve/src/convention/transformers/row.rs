@@ -134,6 +134,14 @@ pub(crate) fn prepare(
     {
         end += 1;
     }
+    // A chain with a stage this path knows at `end` that still ends up on the array path
+    // fell back (labelled here, overwritten on success).
+    if matches!(
+        stages.get(end),
+        Some(Stage::HfTopK(_) | Stage::HfGreedy(_) | Stage::HfMinP(_) | Stage::HfDist(_) | Stage::HfTopP(_))
+    ) {
+        s.path = Path::Fallback(stages[end].name());
+    }
     let reduce = match stages.get(end) {
         Some(Stage::HfTopK(t)) if t.k() < v => Reduce::TopK(t.k()),
         Some(Stage::HfGreedy(_)) => Reduce::Greedy,
@@ -142,6 +150,18 @@ pub(crate) fn prepare(
             Reduce::MinP(p, keep)
         }
         Some(Stage::HfDist(_)) => return dist(stages, first, end, r, s, c),
+        Some(Stage::HfTopP(tp)) => {
+            let (threshold, keep) = tp.params();
+            if !stages[end + 1..].iter().all(sparse_safe) {
+                return Ok(None);
+            }
+            return top_p(&stages[first..end], threshold, keep, r, s, c).map(|done| {
+                done.then(|| {
+                    s.path = Path::Fast("top_p");
+                    Prepared::Built { applied: end + 1 }
+                })
+            });
+        }
         _ => return Ok(None),
     };
     if !stages[end + 1..].iter().all(sparse_safe) {
@@ -270,29 +290,7 @@ fn dist(
     s: &mut Scratch,
     c: &mut Candidates,
 ) -> Result<Option<Prepared>> {
-    let mut t = 1.0f32;
-    let mut temperatures = 0;
-    for stage in &stages[first..end] {
-        match stage {
-            _ if stage.is_inert() => {}
-            Stage::HfTemperature(x) => {
-                t = x.divisor();
-                temperatures += 1;
-            }
-            _ => return Ok(None), // a penalty: its edits would need their own weights
-        }
-    }
-    let Some(summary) = s.summary else { return Ok(None) };
-    // One division per logit (two temperatures round twice); an all -inf row is the array
-    // path's error.
-    if temperatures > 1 || summary.max == f32::NEG_INFINITY {
-        return Ok(None);
-    }
-    // Division by t > 0 is monotone: the largest processed logit is the largest raw one's.
-    let max = summary.max / t;
-    if !max.is_finite() {
-        return Ok(None);
-    }
+    let Some((t, max)) = one_temperature(&stages[first..end], s) else { return Ok(None) };
     let Some(Stage::HfDist(d)) = stages.get_mut(end) else { return Ok(None) };
     let u = d.draw();
     if let Some(id) = locate_draw(r, t, max, u, s) {
@@ -311,19 +309,149 @@ fn dist(
     Ok(Some(Prepared::Built { applied: end + 1 }))
 }
 
-/// The token transformers' `dist` selects for draw `u` over the weights
-/// `w_i = exp(f64(fl32(r_i / t) - max))`: the first whose running f64 sum (row order) exceeds
-/// `u · Σ w`. The weights' arguments are llama.cpp's (`fl32(fl32(r_i / t) - max)`), so the
-/// approximate block sums of llama.cpp's `expf` weights serve: their bound covers the distance
-/// to the exact `exp` of those arguments (it adds `expf`'s own rounding on top), to which the
-/// f64 `exp` (half an f64 ulp), the f64 summation and flushed weights add. The crossing block is resolved with the exact weights, and the token is returned
-/// only when the target is farther than twice the bound from both ends of its interval.
-fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<u32> {
+/// `(t, max)` when `prefix` is at most one temperature `t` (1 without) and the row's largest
+/// processed logit `max = fl32(max z / t)` is finite: the weights are then llama.cpp's
+/// arguments. `None` for a penalty (its edits would need their own weights), two temperatures
+/// (they round twice), or an all -inf row (the array path's error).
+fn one_temperature(prefix: &[Stage], s: &Scratch) -> Option<(f32, f32)> {
+    let mut t = 1.0f32;
+    let mut temperatures = 0;
+    for stage in prefix {
+        match stage {
+            _ if stage.is_inert() => {}
+            Stage::HfTemperature(x) => {
+                t = x.divisor();
+                temperatures += 1;
+            }
+            _ => return None,
+        }
+    }
+    let summary = s.summary?;
+    if temperatures > 1 || summary.max == f32::NEG_INFINITY {
+        return None;
+    }
+    // Division by t > 0 is monotone: the largest processed logit is the largest raw one's.
+    let max = summary.max / t;
+    max.is_finite().then_some((t, max))
+}
+
+/// The approximate sum of the row's weights `exp(f64(fl32(fl32(z / t) - max)))` (per block in
+/// `s.block_sums`) and a bound on its distance to the f64 sum of the exact weights in any
+/// order (see [`locate_draw`]).
+fn approx_weight_sums(r: &[f32], t: f32, max: f32, s: &mut Scratch) -> (f64, f64) {
     s.block_sums.resize(r.len().div_ceil(BLOCK), 0.0);
     let approx_err = arch::exp_block_sums_approx(r, t, max, &mut s.block_sums);
     let sum: f64 = s.block_sums.iter().sum();
     let n = r.len() as f64;
-    let err = approx_err + sum * (n + 8.0) * f64::EPSILON * 2.0 + n * 1.2e-38;
+    // The bound is against llama.cpp's f32 `expf` weights (exactly 0 where the sums are
+    // exact); those are within an f32 ulp of the f64 `exp`'s: one more 2^-23 relative.
+    (sum, approx_err + sum * (2f64.powi(-23) + (n + 8.0) * f64::EPSILON * 2.0) + n * 1.2e-38)
+}
+
+/// transformers' `top_p` on the row (see [`TopP`](crate::sampler::transformers::top_p::TopP)):
+/// sort ascending, softmax, cumsum, remove the sorted prefix whose cumsum is `<= threshold`.
+/// Returns `true` with the survivors left as a sparse view, or `false` (candidates untouched
+/// or cleared) where the array path must decide.
+///
+/// Only the largest tokens are sorted. With `S` the softmax sum, bounded by approximate block
+/// sums (`S_lo <= S <= S_hi`), and `A` the exact weights of a gathered top set `G` (every token
+/// outside it strictly below every token in it), the cumsum right before `G` is
+/// `C0 = Σ_{outside} fl32(w / S)`, within `[(1 - A / S_lo)(1 - d), (1 - A / S_hi)(1 + d)]`
+/// (`d`: the f32 roundings of the probabilities and the f64 summation). Walking `G` upwards,
+/// each probability lies in `[fl32(w / S_hi), fl32(w / S_lo)]`, rounding being monotone, and
+/// so does every partial cumsum between the rounded low and high running sums: a position is
+/// removed when even the high one is `<= threshold`, kept (and the walk ends) when even the
+/// low one is above it; anything in between is left to the array path, as are equal values
+/// straddling the cut (torch's sort order decides those).
+fn top_p(
+    prefix: &[Stage],
+    threshold: f32,
+    keep: usize,
+    r: &[f32],
+    s: &mut Scratch,
+    c: &mut Candidates,
+) -> Result<bool> {
+    let Some((t, max)) = one_temperature(prefix, s) else { return Ok(false) };
+    let n = r.len();
+    if !(threshold > 0.0 && threshold < 1.0) || keep >= n {
+        return Ok(false);
+    }
+    let (sum, err) = approx_weight_sums(r, t, max, s);
+    let (s_lo, s_hi) = (sum - err, sum + err);
+    if s_lo.is_nan() || s_lo <= 0.0 {
+        return Ok(false);
+    }
+    // Relative slack of the f64 sums (any order) and of each probability's f32 rounding.
+    let slack = (n as f64 + 8.0) * f64::EPSILON * 2.0;
+    let d = 2f64.powi(-24) + slack;
+    let blocks = s.block_max.len();
+    let mut need = 64;
+    let (c0_lo, c0_hi) = loop {
+        if need * 2 > blocks || gather_top(need, r, s).is_none() {
+            return Ok(false);
+        }
+        // G: the gathered tokens strictly above the smallest gathered value (tokens outside
+        // may equal it).
+        s.gathered.iter_mut().for_each(|tok| tok.logit /= t);
+        let floor = s.gathered.iter().fold(f32::INFINITY, |m, tok| m.min(tok.logit));
+        s.gathered.retain(|tok| tok.logit > floor);
+        let a: f64 = s.gathered.iter().map(|tok| weight(tok.logit, max)).sum();
+        // The absolute terms: the sums' rounding against the exact `S - A`, and probabilities
+        // rounded to subnormals (at most 2^-150 each).
+        let c0_hi = (1.0 - a / s_hi) * (1.0 + d) + slack + n as f64 * 2f64.powi(-150);
+        if (c0_hi as f32) <= threshold {
+            // Every token outside G is removed (the cumsum only grows up to C0).
+            break (((1.0 - a / s_lo) * (1.0 - d) - slack - n as f64 * 2f64.powi(-150)).max(0.0), c0_hi);
+        }
+        need *= 4; // the cut may lie at or below G: a larger top set
+    };
+    let g = &mut s.gathered;
+    g.sort_unstable_by(|a, b| a.logit.total_cmp(&b.logit).then(a.id.cmp(&b.id)));
+    let m = g.len();
+    let removable = n - keep;
+    if n - m > removable {
+        return Ok(false); // min_tokens_to_keep reaches below G, where ties go by torch's order
+    }
+    let (mut lo, mut hi) = (c0_lo, c0_hi);
+    let mut cut = None;
+    for (j, tok) in g.iter().enumerate() {
+        if n - m + j >= removable {
+            cut = Some(j);
+            break;
+        }
+        let w = weight(tok.logit, max);
+        lo = (lo + (w / s_hi) as f32 as f64) * (1.0 - slack);
+        hi = (hi + (w / s_lo) as f32 as f64) * (1.0 + slack);
+        if hi as f32 <= threshold {
+            continue; // removed whatever S is
+        }
+        if lo as f32 > threshold {
+            cut = Some(j);
+            break;
+        }
+        return Ok(false);
+    }
+    let Some(cut) = cut else { return Ok(false) };
+    if cut > 0 && g[cut - 1].logit == g[cut].logit {
+        return Ok(false); // equal values straddle the cut: torch's sort order picks which go
+    }
+    // The survivors, in id order.
+    c.begin(n);
+    c.data.extend_from_slice(&g[cut..]);
+    c.data.sort_unstable_by_key(|tok| tok.id);
+    c.sparse = true;
+    Ok(true)
+}
+
+/// The token transformers' `dist` selects for draw `u` over the weights
+/// `w_i = exp(f64(fl32(r_i / t) - max))`: the first whose running f64 sum (row order) exceeds
+/// `u · Σ w`. The weights' arguments are llama.cpp's (`fl32(fl32(r_i / t) - max)`), so the
+/// approximate block sums of llama.cpp's `expf` weights serve, their bound widened by `expf`'s
+/// rounding against the f64 `exp`, the f64 summation and flushed weights
+/// ([`approx_weight_sums`]). The crossing block is resolved with the exact weights, and the token is returned
+/// only when the target is farther than twice the bound from both ends of its interval.
+fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<u32> {
+    let (sum, err) = approx_weight_sums(r, t, max, s);
     let target = sum * u;
     let mut before = 0.0f64;
     let b = s.block_sums.iter().position(|&bs| {

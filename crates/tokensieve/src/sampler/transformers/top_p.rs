@@ -92,6 +92,11 @@ impl Sampler for TopP {
 }
 
 impl TopP {
+    /// `(fl32(1 - p), min_tokens_to_keep)`: the cumulative-mass threshold and the floor.
+    pub(crate) fn params(&self) -> (f32, usize) {
+        (self.threshold, self.min_tokens_to_keep)
+    }
+
     /// The obvious implementation, step by step as torch: sort the whole row with libstdc++'s
     /// introsort (tie order included), softmax of the sorted row, cumsum, cut.
     fn apply_sorted(&self, c: &mut Candidates) {
