@@ -214,7 +214,13 @@ fn sample_matches_the_array_path() {
     let chain = prop_oneof![
         2 => (prefix(), first_stage(), tail()).prop_map(|(p, f, t)| format!("{p}{f}{t}")),
         1 => prefix().prop_map(|p| format!("{p}greedy")),
-        2 => prop_oneof![Just("dist"), Just("temperature(0.8);dist"), Just("temperature(1.7);dist"), Just("temp_ext(0.5,0);dist")]
+        2 => prop_oneof![
+            Just("dist"),
+            Just("temperature(0.8);dist"),
+            Just("temperature(1.7);dist"),
+            Just("temp_ext(0.5,0);dist"),
+            Just("temperature(1e-30);dist"),
+        ]
             .prop_map(String::from),
     ];
     let rng = prop_oneof![any::<u32>().prop_map(RngConfig::mt19937), any::<u64>().prop_map(RngConfig::philox)];
@@ -424,4 +430,36 @@ fn transformers_sample_matches_the_array_path() {
         Ok(())
     });
     paths.report("transformers sample", 0.4);
+}
+
+/// Raw logprobs beside a sampled token: the row path's top-n selection over block maxima
+/// (computed on demand after `greedy`'s maximum-only scan) gives the scanning
+/// implementation's list, bit for bit.
+#[test]
+fn raw_logprobs_match_the_scanning_implementation() {
+    use tokensieve::{Convention, LogprobsMode};
+    let chain = prop_oneof![
+        Just(("greedy", Convention::LlamaCpp)),
+        Just(("top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist", Convention::LlamaCpp)),
+        Just(("temperature(0.8);dist", Convention::LlamaCpp)),
+        Just(("greedy", Convention::Transformers)),
+        Just(("temperature(0.8);top_k(40);top_p(0.95);dist", Convention::Transformers)),
+    ];
+    check("fast_raw_logprobs", CASES, (row_strategy(), chain, 0usize..30), |(row, (spec, convention), n)| {
+        let ctx = BuildContext::new(row.len(), RngConfig::philox(9)).with_convention(convention);
+        let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+        for _ in 0..2 {
+            let sampled = match chain.sample_with_logprobs(&row, LogprobsMode::Raw, n) {
+                Ok(s) => s,
+                Err(_) => return Ok(()), // an all -inf row: no token to report
+            };
+            let mut want = Vec::new();
+            let logprob = tokensieve::logprobs::raw(row.as_slice().into(), sampled.token, n, &mut want);
+            prop_assert_eq!(sampled.logprob.to_bits(), logprob.to_bits(), "{}", spec);
+            let bits =
+                |v: &[tokensieve::TokenLogprob]| v.iter().map(|t| (t.token, t.logprob.to_bits())).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&sampled.top_logprobs), bits(&want), "{}", spec);
+        }
+        Ok(())
+    });
 }

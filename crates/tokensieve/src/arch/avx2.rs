@@ -121,6 +121,92 @@ pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
     Summary { max: best, max_block: best_block, suspect }
 }
 
+/// The max tree of one block of 64 floats at `p` and the sum of the first operands of its
+/// `max`es. `vmaxps a, b` returns `b` when either operand is NaN: a NaN in a second operand
+/// moves up the tree, one in a first operand stops there. Every NaN of the block therefore
+/// reaches the root or a first operand, so it shows in the root or in the sum (NaN is kept by
+/// every addition). LLVM keeps the operands in this order: its x86 `max` node is not
+/// commutative unless NaN is ruled out (the tests put NaN at every position).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn block_max_firsts(p: *const f32) -> (__m256, __m256) {
+    // SAFETY (caller): `p` points to 64 readable floats.
+    let x0 = _mm256_loadu_ps(p);
+    let x2 = _mm256_loadu_ps(p.add(16));
+    let x4 = _mm256_loadu_ps(p.add(32));
+    let x6 = _mm256_loadu_ps(p.add(48));
+    let m01 = _mm256_max_ps(x0, _mm256_loadu_ps(p.add(8)));
+    let m23 = _mm256_max_ps(x2, _mm256_loadu_ps(p.add(24)));
+    let m45 = _mm256_max_ps(x4, _mm256_loadu_ps(p.add(40)));
+    let m67 = _mm256_max_ps(x6, _mm256_loadu_ps(p.add(56)));
+    let lo = _mm256_max_ps(m01, m23);
+    let root = _mm256_max_ps(lo, _mm256_max_ps(m45, m67));
+    let firsts = _mm256_add_ps(
+        _mm256_add_ps(_mm256_add_ps(x0, x2), _mm256_add_ps(x4, x6)),
+        _mm256_add_ps(_mm256_add_ps(m01, m45), lo),
+    );
+    (root, firsts)
+}
+
+/// See [`super::locate_max`]. Per block: the max tree (7 `max`, four of them with a load
+/// folded in), one compare of its root with the best so far, which is also true for a NaN
+/// lane, and 7 additions of the tree's first operands into a running sum whose NaN test is
+/// made once at the end (see `block_max_firsts`). The horizontal maximum is taken only in the
+/// rare blocks where the compare fires (a new maximum, or a NaN, whose root then goes into the
+/// sum too). Against [`summarize`]: no second tree of additions, no horizontal maximum, no
+/// store and no scalar compare per block.
+///
+/// The sum raises a false alarm only when it overflows (finite values beyond about
+/// `f32::MAX / (7 × blocks)`) into an infinity that meets the opposite one; `-inf` entries
+/// alone leave it at `-inf`. The tail is padded with its own first entry rather than `-inf`,
+/// which changes neither its maximum nor its NaN status.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn locate_max(row: &[f32]) -> Summary {
+    let mut firsts = _mm256_setzero_ps();
+    let mut best = f32::NEG_INFINITY;
+    let mut best_v = _mm256_set1_ps(best);
+    // The start of the best block so far. PERF: a pointer rather than a block index keeps the
+    // loop free of indexed addressing: Intel cores can split a three-operand `max` whose
+    // folded load uses an index register into two uops.
+    let mut best_at = row.as_ptr();
+    let chunks = row.chunks_exact(BLOCK);
+    let tail = chunks.remainder();
+    let full = chunks.len();
+    for c in chunks {
+        // SAFETY: `c` holds BLOCK = 64 floats.
+        let (root, f) = block_max_firsts(c.as_ptr());
+        firsts = _mm256_add_ps(firsts, f);
+        // `!(root <= best)`: a lane above the best so far, or a NaN lane.
+        if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLE_UQ>(root, best_v)) != 0 {
+            firsts = _mm256_add_ps(firsts, root);
+            let bm = hmax(root);
+            if bm > best {
+                best = bm;
+                best_v = _mm256_set1_ps(best);
+                best_at = c.as_ptr();
+            }
+        }
+    }
+    let mut best_block = (best_at as usize - row.as_ptr() as usize) / (BLOCK * std::mem::size_of::<f32>());
+    if let Some(&first) = tail.first() {
+        let mut buf = [first; BLOCK];
+        buf[..tail.len()].copy_from_slice(tail);
+        // SAFETY: `buf` holds BLOCK = 64 floats.
+        let (root, f) = block_max_firsts(buf.as_ptr());
+        firsts = _mm256_add_ps(_mm256_add_ps(firsts, f), root);
+        let bm = hmax(root);
+        if bm > best {
+            best = bm;
+            best_block = full;
+        }
+    }
+    let suspect = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(firsts, firsts)) != 0 || best == f32::INFINITY;
+    Summary { max: best, max_block: best_block, suspect }
+}
+
 /// See [`super::block_max_into`].
 ///
 /// # Safety

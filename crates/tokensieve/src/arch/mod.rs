@@ -12,6 +12,8 @@
 //!   the maximum, the first [`BLOCK`] holding it, and the maximum of every block. The block
 //!   maxima are what lets the fast paths in
 //!   [`convention::llama_cpp::dense`](crate::convention::llama_cpp::dense) skip most of the row.
+//! * [`locate_max`]: [`summarize`] without the block maxima (validation, the maximum and its
+//!   first block), in fewer operations per entry: all that `greedy` needs.
 //! * [`argmax`]: the first index of the maximum.
 //! * [`gather_ge`]: the entries of a block at or above a threshold, in index order.
 //! * [`exp_shifted`] / [`exp_shifted_sum`]: `expf(x / div - sub)`, **bit for bit** the
@@ -94,7 +96,7 @@ pub fn max(row: &[f32]) -> f32 {
     }
 }
 
-/// What [`summarize`] found.
+/// What [`summarize`] or [`locate_max`] found.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Summary {
     /// The largest value (for a NaN-free row).
@@ -116,6 +118,31 @@ pub fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::summarize(row, block_max) },
         _ => portable::summarize(row, block_max),
+    }
+}
+
+/// [`summarize`] without the block maxima: one pass that validates the row and finds the
+/// maximum and the first [`BLOCK`] holding it, with [`Summary`]'s guarantees (`suspect` false:
+/// no NaN and no `+inf`; a false alarm only for huge finite values).
+///
+/// It costs close to [`max`]: the AVX2 version takes a block's horizontal maximum only when
+/// one of its lanes passes the best so far, and detects NaN with a running sum of part of the
+/// max tree instead of a second tree per block.
+///
+/// ```
+/// let mut row = vec![0.5f32; 200];
+/// row[150] = 9.0;
+/// let s = tokensieve::arch::locate_max(&row);
+/// assert_eq!((s.max, s.max_block, s.suspect), (9.0, 150 / tokensieve::arch::BLOCK, false));
+/// row[7] = f32::NAN;
+/// assert!(tokensieve::arch::locate_max(&row).suspect);
+/// ```
+pub fn locate_max(row: &[f32]) -> Summary {
+    match caps().isa {
+        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::locate_max(row) },
+        _ => portable::locate_max(row),
     }
 }
 
@@ -335,6 +362,16 @@ pub mod portable {
 
     /// See [`super::summarize`].
     pub fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> super::Summary {
+        scan(row, |m| block_max.push(m))
+    }
+
+    /// See [`super::locate_max`].
+    pub fn locate_max(row: &[f32]) -> super::Summary {
+        scan(row, |_| {})
+    }
+
+    /// The summary, handing each block's maximum to `each_block` in order.
+    fn scan(row: &[f32], mut each_block: impl FnMut(f32)) -> super::Summary {
         let mut best = f32::NEG_INFINITY;
         let mut best_block = 0;
         let mut suspect = false;
@@ -346,7 +383,7 @@ pub mod portable {
                     m = x;
                 }
             }
-            block_max.push(m);
+            each_block(m);
             if m > best || b == 0 {
                 best = m;
                 best_block = b;
@@ -467,6 +504,27 @@ mod tests {
         prop_oneof![1..=130usize, 1..=3000usize].prop_flat_map(move |n| proptest::collection::vec(value.clone(), n))
     }
 
+    /// Rows for [`locate_max`]: every length up to 200 and around 5000, values from a few
+    /// (ties, `-0.0` against `0.0`, `-inf`) or a range.
+    fn locate_row() -> impl Strategy<Value = Vec<f32>> {
+        let value = prop_oneof![
+            3 => proptest::sample::select(vec![0.0f32, -0.0, -1.0, 2.5, f32::NEG_INFINITY]),
+            2 => -30.0f32..30.0,
+        ];
+        let few = proptest::sample::select(vec![0.0f32, -0.0, f32::NEG_INFINITY]);
+        prop_oneof![1..=200usize, 4900..=5100usize].prop_flat_map(move |n| {
+            prop_oneof![proptest::collection::vec(value.clone(), n), proptest::collection::vec(few.clone(), n)]
+        })
+    }
+
+    /// A NaN with the payload and sign of `bits` (never `±inf`).
+    fn nan_from(bits: u32) -> f32 {
+        let payload = (bits & 0x007f_ffff).max(1);
+        let x = f32::from_bits((bits & 0x8000_0000) | 0x7f80_0000 | payload);
+        assert!(x.is_nan());
+        x
+    }
+
     fn naive_argmax(r: &[f32]) -> usize {
         let mut best = 0;
         for i in 1..r.len() {
@@ -551,6 +609,56 @@ mod tests {
         }
 
         #[test]
+        fn locate_max_is_summarize_without_the_block_maxima(r in prop_oneof![row(), locate_row()]) {
+            let m = r.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let first = naive_argmax(&r);
+            let p = portable::locate_max(&r);
+            prop_assert_eq!(p, portable::summarize(&r, &mut Vec::new()));
+            prop_assert!(p.max == m);
+            prop_assert_eq!(p.max_block, first / BLOCK);
+            prop_assert!(!p.suspect);
+            let d = locate_max(&r);
+            prop_assert!(d.max == m);
+            prop_assert_eq!(d.max_block, first / BLOCK);
+            if avx2_available() {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX2 and FMA were detected just above.
+                unsafe {
+                    let s = avx2::locate_max(&r);
+                    // Only a `-0.0`/`0.0` tie leaves a choice of bits (either zero is the maximum).
+                    if m != 0.0 {
+                        prop_assert_eq!(s.max.to_bits(), p.max.to_bits());
+                    }
+                    prop_assert_eq!(s.max_block, avx2::summarize(&r, &mut Vec::new()).max_block);
+                    prop_assert!(s.max == m);
+                    prop_assert_eq!(s.max_block, first / BLOCK);
+                    // Finite values whose sum overflows may raise a (documented) false alarm.
+                    let huge = r.iter().any(|x| x.is_finite() && x.abs() > 1e37);
+                    prop_assert!(!s.suspect || huge);
+                }
+            }
+        }
+
+        /// NaN of any payload and either sign, or `+inf`, anywhere, among `-inf` and ties.
+        #[test]
+        fn locate_max_flags_nan_and_positive_infinity(
+            mut r in prop_oneof![row(), locate_row()],
+            bad in proptest::collection::vec((any::<prop::sample::Index>(), any::<u32>(), any::<bool>()), 1..4),
+        ) {
+            for (at, bits, nan) in bad {
+                let i = at.index(r.len());
+                r[i] = if nan { nan_from(bits) } else { f32::INFINITY };
+            }
+            prop_assert!(portable::locate_max(&r).suspect);
+            prop_assert!(locate_max(&r).suspect);
+            if avx2_available() {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX2 and FMA were detected just above.
+                unsafe { prop_assert!(avx2::locate_max(&r).suspect); }
+            }
+        }
+
+        #[test]
         fn the_sequential_sum_is_the_plain_loop(r in row(), shift in -5.0f32..0.0) {
             let r: Vec<f32> = r.into_iter().map(|x| x.clamp(-1e30, 1e30)).collect();
             let sub = portable::max(&r);
@@ -616,6 +724,33 @@ mod tests {
         }
     }
 
+    /// A NaN (both signs, quiet and signalling payloads) or `+inf` at every position of rows
+    /// of -inf, of ties and of ordinary values, at lengths around the lane width and the block.
+    #[test]
+    fn locate_max_flags_a_bad_value_at_every_position() {
+        let bad = [f32::NAN, -f32::NAN, nan_from(1), nan_from(0x8000_0001), nan_from(0x003f_ffff), f32::INFINITY];
+        for v in [1usize, 7, 8, 9, 63, 64, 65, 128, 200, 5000] {
+            let ordinary: Vec<f32> = (0..v).map(|i| ((i * 37) % 101) as f32 - 50.0).collect();
+            for base in [vec![f32::NEG_INFINITY; v], vec![0.0f32; v], ordinary] {
+                let stride = if v > 200 { 7 } else { 1 };
+                for i in (0..v).step_by(stride) {
+                    for &x in &bad {
+                        let mut r = base.clone();
+                        r[i] = x;
+                        assert!(locate_max(&r).suspect, "{x:?} at {i} of {v}");
+                        assert!(portable::locate_max(&r).suspect, "{x:?} at {i} of {v}");
+                    }
+                }
+                let s = locate_max(&base);
+                assert!(!s.suspect);
+                assert_eq!(
+                    (s.max.to_bits(), s.max_block),
+                    (portable::max(&base).to_bits(), naive_argmax(&base) / BLOCK)
+                );
+            }
+        }
+    }
+
     #[test]
     fn edge_lengths_and_values() {
         for v in [1usize, 2, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 128, 129] {
@@ -625,6 +760,7 @@ mod tests {
             let mut bm = Vec::new();
             let s = summarize(&all_masked, &mut bm);
             assert_eq!((s.max, s.max_block, s.suspect), (f32::NEG_INFINITY, 0, false));
+            assert_eq!(locate_max(&all_masked), s);
             assert_eq!(bm.len(), v.div_ceil(BLOCK));
             let mut r = vec![0.0f32; v];
             r[v - 1] = -0.0;
@@ -632,7 +768,9 @@ mod tests {
             r[v - 1] = 1.0;
             assert_eq!(argmax(&r), Some(v - 1));
             assert_eq!(summarize(&r, &mut bm).max_block, (v - 1) / BLOCK);
+            assert_eq!(locate_max(&r).max_block, (v - 1) / BLOCK);
         }
+        assert_eq!(locate_max(&[]), Summary { max: f32::NEG_INFINITY, max_block: 0, suspect: false });
         assert_eq!(argmax(&[]), None);
         assert_eq!(max(&[]), f32::NEG_INFINITY);
     }

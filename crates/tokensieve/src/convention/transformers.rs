@@ -41,7 +41,7 @@ pub fn fl32(x: f64) -> f32 {
 /// Puts the candidates back in vocabulary order with one entry per token (`data[i].id == i`),
 /// every token missing from the array as `-inf`. A no-op (one scan) when they already are,
 /// which is the case in a chain built under the transformers convention unless the row fast
-/// path ([`row`]) left a sparse view, which this expands. Clears the `sorted` flag: HF
+/// path (`row`) left a sparse view, which this expands. Clears the `sorted` flag: HF
 /// processors never sort the row itself.
 pub fn ensure_dense(c: &mut Candidates) {
     let v = c.vocab_size;
@@ -268,7 +268,7 @@ fn sort_key(x: f32) -> u32 {
     }
 }
 
-/// The inverse of [`sort_key`].
+/// The inverse of `sort_key`.
 #[inline]
 pub fn from_sort_key(key: u32) -> f32 {
     if key >> 31 == 1 {
@@ -278,7 +278,7 @@ pub fn from_sort_key(key: u32) -> f32 {
     }
 }
 
-/// The finite logits of `data` in ascending order, as [`sort_key`]s (decode with
+/// The finite logits of `data` in ascending order, as `sort_key`s (decode with
 /// [`from_sort_key`]): an LSD radix sort of the values alone, so it gives the same value
 /// sequence as any correct ascending sort, torch's included, but no index order. `keys` is
 /// scratch space; returns the sorted slice, or `None` when the row holds a NaN.

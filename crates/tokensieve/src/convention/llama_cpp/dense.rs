@@ -26,7 +26,9 @@
 //!      entries popped from a heap over a superset of the top 32 (then of the top 256) until
 //!      the mass is reached, as llama.cpp's "sort the top 256 first" path does;
 //!    * `greedy` (when sampling): the first entry equal to the maximum, in the block the
-//!      summary found;
+//!      summary found; when `greedy` is the first stage, step 1 is [`arch::locate_max`]
+//!      instead (validation and the maximum's block, no block maxima), which costs little
+//!      more than the floor;
 //!    * `dist`, optionally after `temperature(t > 0)` (when sampling, no overlay): block sums of
 //!      approximate weights ([`arch::exp_block_sums_approx`]: base-2 argument by one fused
 //!      multiply-add, a quintic, f32 lane sums, and a certified error bound that is typically
@@ -36,6 +38,8 @@
 //!      that cannot decide, the array path finishes with the same draw. The approximation
 //!      only narrows down where the draw lands; the token is always llama.cpp's.
 //!
+//! A chain whose first stage follows the transformers convention goes to
+//! `convention::transformers::row` (crate-private) after step 1.
 //! Everything else (and every case a fast path cannot prove) builds the array exactly as
 //! [`Candidates::fill`] does and runs the stages from the first.
 //!
@@ -175,6 +179,26 @@ fn prepare_f32(
     s: &mut Scratch,
     need: Need,
 ) -> Result<Prepared> {
+    // `greedy` first (so no overlay) when sampling needs only the maximum and its block:
+    // [`arch::locate_max`] skips the block maxima (`s.block_max` is left empty; raw logprobs
+    // compute them if asked). transformers' `greedy` on an unprocessed row is the same scan:
+    // the lowest id among the maxima.
+    if need == Need::Token
+        && matches!(stages.iter().find(|st| !st.is_inert()), Some(Stage::Greedy(_) | Stage::HfGreedy(_)))
+    {
+        let summary = arch::locate_max(r);
+        if summary.suspect {
+            if let Err(e) = row.validate() {
+                c.begin(0);
+                return Err(e);
+            }
+        }
+        s.overlay.clear();
+        s.block_max.clear(); // not computed: `raw_logprobs` fills it if asked
+        s.summary = Some(summary);
+        s.path = Path::Fast("greedy");
+        return greedy(r, summary, s, c).map(Prepared::Selected);
+    }
     let summary = arch::summarize(r, &mut s.block_max);
     if summary.suspect {
         if let Err(e) = row.validate() {
@@ -740,8 +764,14 @@ fn raw_logprobs_f32(
     out: &mut Vec<crate::logprobs::TokenLogprob>,
     s: &mut Scratch,
 ) -> Option<f32> {
-    if s.block_max.len() != r.len().div_ceil(BLOCK) || summary.max == f32::NEG_INFINITY {
+    if summary.max == f32::NEG_INFINITY {
         return None;
+    }
+    let blocks = r.len().div_ceil(BLOCK);
+    if s.block_max.len() != blocks {
+        // The greedy path located the maximum without the block maxima.
+        s.block_max.resize(blocks, f32::NEG_INFINITY);
+        arch::block_max_into(r, &mut s.block_max);
     }
     out.clear();
     out.reserve(n + 1);
