@@ -287,7 +287,7 @@ fn array(r: &[f32], c: &mut Candidates) -> Prepared {
 }
 
 /// The overlay's logit for `token`, inserted (from the row) if it has none yet.
-pub(crate) fn overlay_slot<'o>(overlay: &'o mut Vec<(u32, f32)>, token: u32, r: &[f32]) -> &'o mut f32 {
+fn overlay_slot<'o>(overlay: &'o mut Vec<(u32, f32)>, token: u32, r: &[f32]) -> &'o mut f32 {
     let at = match overlay.binary_search_by_key(&token, |e| e.0) {
         Ok(at) => at,
         Err(at) => {

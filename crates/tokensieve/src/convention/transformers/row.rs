@@ -35,7 +35,7 @@
 
 use crate::arch::{self, BLOCK};
 use crate::candidates::{Candidates, TokenData};
-use crate::convention::llama_cpp::dense::{gather_at_least, gather_top, overlay_slot, Path, Prepared, Scratch};
+use crate::convention::llama_cpp::dense::{gather_at_least, gather_top, Path, Prepared, Scratch};
 use crate::convention::transformers::weight;
 use crate::error::Result;
 use crate::sampler::transformers::dist::Dist;
@@ -175,12 +175,14 @@ pub(crate) fn prepare(
     for stage in prefix {
         if let Stage::HfRepetitionPenalty(p) = stage {
             if !stage.is_inert() {
-                for &id in p.seen().iter().take_while(|&&id| (id as usize) < v) {
-                    *overlay_slot(&mut s.overlay, id, r) = f32::NEG_INFINITY;
-                }
+                let seen = p.seen().iter().take_while(|&&id| (id as usize) < v);
+                s.overlay.extend(seen.map(|&id| (id, f32::NEG_INFINITY)));
             }
         }
     }
+    // Each list is sorted and distinct already: one penalty costs a linear check here.
+    s.overlay.sort_unstable_by_key(|e| e.0);
+    s.overlay.dedup_by_key(|e| e.0);
     s.edited.clear();
     s.edited.extend(s.overlay.iter().map(|&(id, _)| TokenData {
         id,
