@@ -82,6 +82,20 @@ fn the_transformers_convention_runs_its_own_default_table() {
 }
 
 #[test]
+fn half_precision_rows_run_alone_and_in_batches() {
+    for dtype in ["f16", "bf16"] {
+        for batch in ["1", "3"] {
+            let (code, stdout, stderr) =
+                run(&["bench", "--dtype", dtype, "--batch", batch, "--vocab", "3000", "--seconds", "0.01", "--json"]);
+            assert_eq!(code, 0, "{stderr}");
+            let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+            assert_eq!(lines.len(), 7, "{stdout}");
+            assert!(lines.iter().all(|l| l["dtype"] == dtype && l["median_us"].as_f64().unwrap() > 0.0), "{stdout}");
+        }
+    }
+}
+
+#[test]
 fn bad_chains_and_options_are_one_line_errors() {
     for args in [
         &["bench", "--convention", "vllm", "--seconds", "0.01"][..],

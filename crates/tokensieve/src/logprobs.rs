@@ -84,9 +84,27 @@ fn prepare(out: &mut Vec<TokenLogprob>, n: usize) {
 
 /// Raw mode: returns the logprob of `token` and fills `out` with the top `n`.
 pub fn raw(row: Logits<'_>, token: u32, n: usize, out: &mut Vec<TokenLogprob>) -> f32 {
-    if let Logits::F32(r) = row {
-        return raw_f32(r, token, n, out);
+    thread_local! {
+        /// f16/bf16 rows widened for [`raw_f32`] (reused: no allocation after the first row).
+        static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    match row {
+        Logits::F32(r) => raw_f32(r, token, n, out),
+        Logits::F16(h) => WIDENED.with_borrow_mut(|w| {
+            crate::arch::widen_f16(h, w);
+            raw_f32(w, token, n, out)
+        }),
+        Logits::Bf16(b) => WIDENED.with_borrow_mut(|w| {
+            crate::arch::widen_bf16(b, w);
+            raw_f32(w, token, n, out)
+        }),
+    }
+}
+
+/// [`raw`] as first written, for any element type: the oracle the fast paths are tested
+/// against.
+#[cfg(test)]
+fn raw_generic(row: Logits<'_>, token: u32, n: usize, out: &mut Vec<TokenLogprob>) -> f32 {
     let mut max = f32::NEG_INFINITY;
     row.for_each(|_, v| max = max.max(v));
     let mut sum = 0.0f32;
@@ -180,6 +198,40 @@ mod tests {
         assert_eq!(top.iter().map(|t| t.token).collect::<Vec<_>>(), [1, 3, 2]);
         let total: f64 = row.iter().map(|&v| ((v as f64) - z).exp()).sum();
         assert!((total - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn raw_fast_path_and_half_rows_match_the_generic_loop() {
+        use proptest::prelude::*;
+        let value = prop_oneof![
+            6 => -30.0f32..30.0,
+            2 => proptest::sample::select(vec![0.0f32, -0.0, 1.0, 3.5, 7.25]),
+            1 => Just(f32::NEG_INFINITY),
+        ];
+        let row = prop_oneof![1..=70usize, 60..=3000usize, 9000..=20_000usize]
+            .prop_flat_map(move |len| proptest::collection::vec(value.clone(), len));
+        let bits = |v: &[TokenLogprob]| v.iter().map(|t| (t.token, t.logprob.to_bits())).collect::<Vec<_>>();
+        tokensieve_testkit::proptest_support::check(
+            "raw_logprobs_generic",
+            128,
+            (row, any::<prop::sample::Index>(), 0usize..30),
+            |(row, token, n)| {
+                if row.iter().all(|&x| x == f32::NEG_INFINITY) {
+                    return Ok(());
+                }
+                let token = token.index(row.len()) as u32;
+                let h: Vec<half::f16> = row.iter().map(|&x| half::f16::from_f32(x)).collect();
+                let b: Vec<half::bf16> = row.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                for l in [Logits::F32(&row), Logits::F16(&h), Logits::Bf16(&b)] {
+                    let (mut fast, mut slow) = (Vec::new(), Vec::new());
+                    let a = raw(l, token, n, &mut fast);
+                    let e = raw_generic(l, token, n, &mut slow);
+                    prop_assert_eq!(a.to_bits(), e.to_bits());
+                    prop_assert_eq!(bits(&fast), bits(&slow));
+                }
+                Ok(())
+            },
+        );
     }
 
     #[test]

@@ -31,7 +31,13 @@ fn push_heap<T: Copy>(a: &mut [T], mut hole: usize, top: usize, value: T, less: 
     a[hole] = value;
 }
 
-fn adjust_heap<T: Copy>(a: &mut [T], mut hole: usize, len: usize, value: T, less: &mut impl FnMut(&T, &T) -> bool) {
+pub(crate) fn adjust_heap<T: Copy>(
+    a: &mut [T],
+    mut hole: usize,
+    len: usize,
+    value: T,
+    less: &mut impl FnMut(&T, &T) -> bool,
+) {
     let top = hole;
     let mut child = hole;
     while child < (len.saturating_sub(1)) / 2 {
@@ -50,7 +56,7 @@ fn adjust_heap<T: Copy>(a: &mut [T], mut hole: usize, len: usize, value: T, less
     push_heap(a, hole, top, value, less);
 }
 
-fn make_heap<T: Copy>(a: &mut [T], less: &mut impl FnMut(&T, &T) -> bool) {
+pub(crate) fn make_heap<T: Copy>(a: &mut [T], less: &mut impl FnMut(&T, &T) -> bool) {
     let len = a.len();
     if len < 2 {
         return;
@@ -83,7 +89,7 @@ fn heap_select<T: Copy>(a: &mut [T], middle: usize, less: &mut impl FnMut(&T, &T
     }
 }
 
-fn sort_heap<T: Copy>(a: &mut [T], less: &mut impl FnMut(&T, &T) -> bool) {
+pub(crate) fn sort_heap<T: Copy>(a: &mut [T], less: &mut impl FnMut(&T, &T) -> bool) {
     let mut last = a.len();
     while last > 1 {
         last -= 1;

@@ -463,3 +463,44 @@ fn raw_logprobs_match_the_scanning_implementation() {
         Ok(())
     });
 }
+
+/// f16 and bf16 rows (what candle and mistral.rs hand over): widened on the way in, and full
+/// of exact ties, which `top_k(k <= 128)` resolves by replaying libstdc++'s heap select over
+/// the blocks that reach the heap's minimum. The same candidates as the array path on the
+/// widened row, in the same order, and the fast path (not the array) in almost every case.
+#[test]
+fn half_precision_rows_with_ties_take_the_fast_top_k() {
+    use half::{bf16, f16};
+    use tokensieve::Logits;
+    let mut fast = 0;
+    let mut total = 0;
+    for (v, seed) in [(32_000usize, 1u64), (128_256, 2), (4_099, 3)] {
+        for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::ShiftedUp] {
+            let row = generate::row(kind, v, seed);
+            let h: Vec<f16> = row.iter().map(|&x| f16::from_f32(x)).collect();
+            let b: Vec<bf16> = row.iter().map(|&x| bf16::from_f32(x)).collect();
+            for prefix in ["", "penalties(64,1.1,0.1,0.1);", "logit_bias(7:30 9:-inf 20:2.5);"] {
+                for k in [1, 2, 40, 128] {
+                    let spec = format!("{prefix}top_k({k});top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist");
+                    for (name, logits, widened) in [
+                        ("f16", Logits::F16(&h), h.iter().map(|x| x.to_f32()).collect::<Vec<f32>>()),
+                        ("bf16", Logits::Bf16(&b), b.iter().map(|x| x.to_f32()).collect::<Vec<f32>>()),
+                    ] {
+                        let ctx = BuildContext::new(v, RngConfig::mt19937(seed as u32));
+                        let mut chain = Chain::from_spec_for_apply(&spec, &ctx).unwrap();
+                        for t in [5u32, 7, 7, 100, 2000] {
+                            chain.accept(t);
+                        }
+                        let mut stages = chain.stages().to_vec();
+                        let want = array_path(&mut stages, &widened).unwrap();
+                        let got = chain.apply(logits).unwrap().clone();
+                        total += 1;
+                        fast += matches!(chain.last_path(), Path::Fast(_)) as usize;
+                        same(&got, &want).unwrap_or_else(|e| panic!("{spec} {name} {kind:?} V={v}: {e}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(fast * 10 >= total * 9, "the fast path ran in only {fast} of {total} cases");
+}

@@ -1,5 +1,6 @@
 //! `tokensieve bench` arguments.
 
+use super::DtypeArg;
 use clap::{Args, ValueEnum};
 
 /// `tokensieve bench`.
@@ -37,7 +38,7 @@ pub struct BenchArgs {
     pub seconds: f64,
 
     /// One JSON object per line: chain, vocab, batch, threads, median_us, p90_us, floor_us,
-    /// ratio (and tokens_per_s, path, isa, convention).
+    /// ratio (and tokens_per_s, path, isa, convention, dtype).
     #[arg(long)]
     pub json: bool,
 
@@ -46,6 +47,12 @@ pub struct BenchArgs {
     /// generate()'s processor order (temperature first, repetition_penalty for penalties).
     #[arg(long, value_name = "NAME", default_value = "llama.cpp")]
     pub convention: String,
+
+    /// The rows' element type: f32, or f16/bf16 (the same values rounded to it, as an engine
+    /// on a GPU hands them over). The chain widens them; the floor stays the f32 max pass over
+    /// the rounded values, so the ratio includes the widening.
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
 }
 
 /// `--rows`.

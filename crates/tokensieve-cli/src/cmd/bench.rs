@@ -7,10 +7,11 @@
 //! generation). A chain with `penalties` first gets a 64-token history before timing starts.
 
 use crate::args::InputArgs;
-use crate::args::{BenchArgs, RowsArg};
+use crate::args::{BenchArgs, DtypeArg, RowsArg};
 use crate::error::{bad, lib};
 use crate::input::{load_logits, Data};
 use anyhow::Result;
+use half::{bf16, f16};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::hint::black_box;
@@ -63,6 +64,7 @@ struct Line<'a> {
     path: String,
     isa: String,
     convention: &'a str,
+    dtype: &'static str,
 }
 
 /// What is timed for one spec.
@@ -122,13 +124,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut out = stdout.lock();
     for &v in &args.vocab {
         let v = v as usize;
-        let rows: Vec<Vec<f32>> = (0..batch).map(|i| make_row(args.rows, real.as_deref(), v, i as u64)).collect();
+        let mut rows: Vec<Vec<f32>> = (0..batch).map(|i| make_row(args.rows, real.as_deref(), v, i as u64)).collect();
         let v = rows[0].len();
+        let typed = Typed::new(args.dtype, &mut rows);
         if !args.json {
             let note = progress.as_ref().map(|_| "").unwrap_or("");
             let line = format!(
-                "{note}V = {v}, batch {batch}, {threads} thread(s), rows {:?} (entropy {:.2} nats), isa {isa}, vectorised expf: {}, convention {}",
+                "{note}V = {v}, batch {batch}, {threads} thread(s), rows {:?} {:?} (entropy {:.2} nats), isa {isa}, vectorised expf: {}, convention {}",
                 args.rows,
+                args.dtype,
                 bench_rows::entropy(&rows[0]),
                 if arch::vectorised_exp() { "yes" } else { "no" },
                 args.convention,
@@ -149,8 +153,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 bar.set_message(format!("V={v} {spec}"));
             }
             let m = match w {
-                Workload::Chain(c) => measure_chain(c, convention, &rows, &pool, args.seconds)?,
-                Workload::Logprobs(n) => measure_logprobs(*n, &rows, &pool, args.seconds),
+                Workload::Chain(c) => measure_chain(c, convention, &rows, &typed, &pool, args.seconds)?,
+                Workload::Logprobs(n) => measure_logprobs(*n, &rows, &typed, &pool, args.seconds),
             };
             let ratio = m.median_us / m.floor_us;
             let line = Line {
@@ -166,6 +170,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 path: m.path,
                 isa: isa.clone(),
                 convention: &args.convention,
+                dtype: match args.dtype {
+                    DtypeArg::F32 => "f32",
+                    DtypeArg::F16 => "f16",
+                    DtypeArg::Bf16 => "bf16",
+                },
             };
             let text = if args.json {
                 serde_json::to_string(&line)?
@@ -285,10 +294,47 @@ fn path_name(p: tokensieve::convention::llama_cpp::dense::Path) -> String {
     }
 }
 
+/// The rows in the element type of `--dtype` (the f32 rows hold the same values).
+enum Typed {
+    F32,
+    F16(Vec<f16>),
+    Bf16(Vec<bf16>),
+}
+
+impl Typed {
+    /// Rounds `rows` to `dtype` in place and keeps the typed copy, flattened.
+    fn new(dtype: DtypeArg, rows: &mut [Vec<f32>]) -> Typed {
+        match dtype {
+            DtypeArg::F32 => Typed::F32,
+            DtypeArg::F16 => {
+                let flat: Vec<f16> = rows.iter().flatten().map(|&x| f16::from_f32(x)).collect();
+                rows.iter_mut().flatten().zip(&flat).for_each(|(x, h)| *x = h.to_f32());
+                Typed::F16(flat)
+            }
+            DtypeArg::Bf16 => {
+                let flat: Vec<bf16> = rows.iter().flatten().map(|&x| bf16::from_f32(x)).collect();
+                rows.iter_mut().flatten().zip(&flat).for_each(|(x, h)| *x = h.to_f32());
+                Typed::Bf16(flat)
+            }
+        }
+    }
+
+    /// Row `i` of `rows` (each `v` long) as the sampler receives it.
+    fn row<'a>(&'a self, rows: &'a [Vec<f32>], i: usize) -> Logits<'a> {
+        let v = rows[i].len();
+        match self {
+            Typed::F32 => Logits::F32(&rows[i]),
+            Typed::F16(h) => Logits::F16(&h[i * v..(i + 1) * v]),
+            Typed::Bf16(b) => Logits::Bf16(&b[i * v..(i + 1) * v]),
+        }
+    }
+}
+
 fn measure_chain(
     spec: &str,
     convention: Convention,
     rows: &[Vec<f32>],
+    typed: &Typed,
     pool: &rayon::ThreadPool,
     seconds: f64,
 ) -> Result<Measured> {
@@ -307,14 +353,19 @@ fn measure_chain(
         }
     }
     let (chain_us, floor_us) = if rows.len() == 1 {
-        let (chain, row) = (&mut chains[0], &rows[0]);
+        let (chain, row) = (&mut chains[0], typed.row(rows, 0));
         time_loop(seconds, rows, || {
-            black_box(chain.sample(row.as_slice()).map_err(|e| lib(format!("--chain `{spec}`"), e))?);
+            black_box(chain.sample(row).map_err(|e| lib(format!("--chain `{spec}`"), e))?);
             Ok(())
         })?
     } else {
         let flat: Vec<f32> = rows.concat();
-        let batch_view = LogitsBatch::new(Logits::F32(&flat), rows.len(), v).map_err(|e| lib("batch", e))?;
+        let all = match typed {
+            Typed::F32 => Logits::F32(&flat),
+            Typed::F16(h) => Logits::F16(h),
+            Typed::Bf16(b) => Logits::Bf16(b),
+        };
+        let batch_view = LogitsBatch::new(all, rows.len(), v).map_err(|e| lib("batch", e))?;
         let chains = &mut chains;
         time_loop(seconds, rows, || {
             let tokens = pool.install(|| batch::sample(chains, &batch_view)).map_err(|e| lib("batch", e))?;
@@ -327,16 +378,16 @@ fn measure_chain(
     Ok(summarise(chain_us, floor_us, path_name(chains[0].last_path())))
 }
 
-fn measure_logprobs(n: usize, rows: &[Vec<f32>], pool: &rayon::ThreadPool, seconds: f64) -> Measured {
+fn measure_logprobs(n: usize, rows: &[Vec<f32>], typed: &Typed, pool: &rayon::ThreadPool, seconds: f64) -> Measured {
     let mut bufs: Vec<Vec<TokenLogprob>> = (0..rows.len()).map(|_| Vec::with_capacity(n + 1)).collect();
     let (chain_us, floor_us) = time_loop(seconds, rows, || {
         if rows.len() == 1 {
-            black_box(logprobs::raw(Logits::F32(&rows[0]), 0, n, &mut bufs[0]));
+            black_box(logprobs::raw(typed.row(rows, 0), 0, n, &mut bufs[0]));
         } else {
             use rayon::prelude::*;
             pool.install(|| {
-                bufs.par_iter_mut().zip(rows.par_iter()).for_each(|(buf, row)| {
-                    black_box(logprobs::raw(Logits::F32(row), 0, n, buf));
+                bufs.par_iter_mut().enumerate().for_each(|(i, buf)| {
+                    black_box(logprobs::raw(typed.row(rows, i), 0, n, buf));
                 })
             });
         }

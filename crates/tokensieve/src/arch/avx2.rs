@@ -4,7 +4,8 @@
 //! `#[target_feature(enable = "avx2,fma")]`, so calling it on a CPU without those features is
 //! undefined behaviour. SAFETY (callers): the detection in [`super`] reports `Isa::Avx2` only after
 //! `is_x86_feature_detected!("avx2")` and `("fma")` both returned true, and the dispatchers in
-//! [`super`] call these functions only then. Inside, the only other unsafe operations are
+//! [`super`] call these functions only then (`widen_f16` also needs F16C, detected beside
+//! them). Inside, the only other unsafe operations are
 //! unaligned loads and stores (`loadu`/`storeu`, no alignment requirement) whose bounds each
 //! come from `chunks_exact`, and one `i64gather` whose indices are masked to `0..32`, the
 //! length of the table it reads.
@@ -205,6 +206,25 @@ pub unsafe fn locate_max(row: &[f32]) -> Summary {
     }
     let suspect = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(firsts, firsts)) != 0 || best == f32::INFINITY;
     Summary { max: best, max_block: best_block, suspect }
+}
+
+/// See [`super::widen_f16`]: `vcvtph2ps` on 8 values at a time, the tail through `half`.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C (see the module docs).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn widen_f16(src: &[half::f16], out: &mut [f32]) {
+    let chunks = src.chunks_exact(8);
+    let tail = chunks.remainder();
+    let mut outs = out.chunks_exact_mut(8);
+    for (c, o) in chunks.zip(&mut outs) {
+        // SAFETY: `c` holds 8 f16 (16 bytes) and `o` 8 f32; unaligned load and store.
+        let h = _mm_loadu_si128(c.as_ptr() as *const __m128i);
+        _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(h));
+    }
+    for (o, h) in outs.into_remainder().iter_mut().zip(tail) {
+        *o = h.to_f32();
+    }
 }
 
 /// See [`super::block_max_into`].

@@ -75,6 +75,7 @@ use crate::error::{Error, Result};
 use crate::logits::Logits;
 use crate::sampler::dist::Dist;
 use crate::sampler::{Sampler, Stage};
+use crate::stdsort;
 
 /// Reused buffers of the fast paths (owned by the [`Chain`](crate::Chain)).
 #[derive(Debug, Default)]
@@ -158,11 +159,16 @@ pub(crate) fn prepare(
         return Err(Error::empty_row());
     }
     let mut widened = std::mem::take(&mut s.widened);
+    // PERF: element by element through `Logits::for_each`, widening cost ~50x the floor at
+    // V = 128k; the arch kernels convert 8 values per instruction.
     let r: &[f32] = match row {
         Logits::F32(r) => r,
-        _ => {
-            widened.clear();
-            row.for_each(|_, v| widened.push(v));
+        Logits::F16(h) => {
+            arch::widen_f16(h, &mut widened);
+            &widened
+        }
+        Logits::Bf16(b) => {
+            arch::widen_bf16(b, &mut widened);
             &widened
         }
     };
@@ -478,10 +484,85 @@ fn top_k(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bool {
     // Distinct kept values, and the first dropped one strictly below the last kept.
     let distinct = g[..k].windows(2).all(|w| w[0].logit != w[1].logit);
     if !distinct || (g.len() > k && g[k - 1].logit == g[k].logit) {
-        return false;
+        // Ties (common in f16/bf16 rows): their order is libstdc++'s, replayed.
+        return k <= 128 && top_k_by_heap(k, r, s, c);
     }
     c.begin(r.len());
     c.data.extend_from_slice(&g[..k]);
+    c.sorted = true;
+    true
+}
+
+/// llama.cpp's `top_k(k <= 128)` on row + overlay exactly, ties included: libstdc++'s
+/// `partial_sort` over the whole array, i.e. a heap of the first `k` entries, every later
+/// entry that is *strictly* above the heap's smallest replacing it ([`stdsort::adjust_heap`]),
+/// then `sort_heap`. An entry at or below the heap's smallest leaves the heap untouched, and
+/// that smallest only rises, so a block whose maximum (edits included) does not exceed it is
+/// skipped whole; the others are filtered with the SIMD `gather_ge` and replayed in order.
+/// The result is the array path's, bit for bit and in order, at the cost of the blocks that
+/// reach the running heap minimum.
+fn top_k_by_heap(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bool {
+    let n = r.len();
+    if k == 0 || s.block_max.len() != n.div_ceil(BLOCK) {
+        return false;
+    }
+    let overlay = &s.overlay;
+    let mut edit = 0; // the first overlay entry not yet passed
+    let heap = &mut s.gathered;
+    heap.clear();
+    for (i, &x) in r[..k].iter().enumerate() {
+        let mut logit = x;
+        while edit < overlay.len() && (overlay[edit].0 as usize) < i {
+            edit += 1;
+        }
+        if edit < overlay.len() && overlay[edit].0 as usize == i {
+            logit = overlay[edit].1;
+        }
+        heap.push(TokenData { id: i as u32, logit, p: 0.0 });
+    }
+    while edit < overlay.len() && (overlay[edit].0 as usize) < k {
+        edit += 1;
+    }
+    // llama.cpp's comparator (`>`: -0.0 and 0.0 are equal), not `desc`'s total order.
+    let mut less = |a: &TokenData, b: &TokenData| crate::convention::llama_cpp::desc(a, b);
+    stdsort::make_heap(heap, &mut less);
+    let mut at = k;
+    while at < n {
+        let end = ((at / BLOCK + 1) * BLOCK).min(n);
+        let first_edit = edit;
+        while edit < overlay.len() && (overlay[edit].0 as usize) < end {
+            edit += 1;
+        }
+        let edits = &overlay[first_edit..edit];
+        let top = heap[0].logit;
+        let block_max = edits.iter().fold(s.block_max[at / BLOCK], |m, e| m.max(e.1));
+        if block_max > top {
+            if edits.is_empty() {
+                s.blocks.clear();
+                arch::gather_ge(&r[at..end], at as u32, top, &mut s.blocks);
+                for &t in s.blocks.iter() {
+                    if t.logit > heap[0].logit {
+                        stdsort::adjust_heap(heap, 0, k, t, &mut less);
+                    }
+                }
+            } else {
+                let mut e = edits.iter().peekable();
+                for (i, &x) in r[at..end].iter().enumerate().map(|(j, x)| (at + j, x)) {
+                    let logit = match e.next_if(|e| e.0 as usize == i) {
+                        Some(&(_, v)) => v,
+                        None => x,
+                    };
+                    if logit > heap[0].logit {
+                        stdsort::adjust_heap(heap, 0, k, TokenData { id: i as u32, logit, p: 0.0 }, &mut less);
+                    }
+                }
+            }
+        }
+        at = end;
+    }
+    stdsort::sort_heap(heap, &mut less);
+    c.begin(n);
+    c.data.extend_from_slice(heap);
     c.sorted = true;
     true
 }
