@@ -206,6 +206,36 @@ fn apply_matches_the_array_path() {
     paths.report("apply", 0.25);
 }
 
+/// Three `sample` steps of `chain` against the array path on `stages` (a copy of its stages
+/// with the same history), each token accepted on both sides: the same tokens, or the same
+/// error.
+fn sample_steps(
+    chain: &mut Chain,
+    stages: &mut [Stage],
+    row: &[f32],
+    spec: &str,
+    paths: &Paths,
+) -> Result<(), TestCaseError> {
+    for step in 0..3 {
+        let want = array_path(stages, row).map(|c| c.selected_token());
+        let got = chain.sample(row);
+        paths.note(chain.last_path());
+        match (got, want) {
+            (Ok(token), Ok(Some(want))) => {
+                prop_assert_eq!(token, want, "{} step {}", spec, step);
+                prop_assert_eq!(chain.candidates().selected_token(), Some(token));
+                stages.iter_mut().for_each(|s| s.accept(token));
+            }
+            (Err(a), Err(b)) => {
+                prop_assert_eq!(a.to_string(), b.to_string());
+                break;
+            }
+            (a, b) => prop_assert!(false, "{spec} step {step}: {a:?} vs {b:?}"),
+        }
+    }
+    Ok(())
+}
+
 /// `sample`: the same tokens over several steps (each accepted on both sides), for chains the
 /// selecting fast paths take too.
 #[test]
@@ -232,25 +262,7 @@ fn sample_matches_the_array_path() {
             chain.accept(t);
             stages.iter_mut().for_each(|s| s.accept(t));
         }
-        for step in 0..3 {
-            let want = array_path(&mut stages, &row).map(|c| c.selected_token());
-            let got = chain.sample(&row);
-            paths.note(chain.last_path());
-            match (got, want) {
-                (Ok(token), Ok(Some(want))) => {
-                    prop_assert_eq!(token, want, "{} step {}", spec, step);
-                    let c = chain.candidates();
-                    prop_assert_eq!(c.selected_token(), Some(token));
-                    stages.iter_mut().for_each(|s| s.accept(token));
-                }
-                (Err(a), Err(b)) => {
-                    prop_assert_eq!(a.to_string(), b.to_string());
-                    break;
-                }
-                (a, b) => prop_assert!(false, "{spec} step {step}: {a:?} vs {b:?}"),
-            }
-        }
-        Ok(())
+        sample_steps(&mut chain, &mut stages, &row, &spec, &paths)
     });
     paths.report("sample", 0.4);
 }
@@ -410,24 +422,7 @@ fn transformers_sample_matches_the_array_path() {
             chain.accept(t);
             stages.iter_mut().for_each(|s| s.accept(t));
         }
-        for step in 0..3 {
-            let want = array_path(&mut stages, &row).map(|c| c.selected_token());
-            let got = chain.sample(&row);
-            paths.note(chain.last_path());
-            match (got, want) {
-                (Ok(token), Ok(Some(want))) => {
-                    prop_assert_eq!(token, want, "{} step {}", spec, step);
-                    prop_assert_eq!(chain.candidates().selected_token(), Some(token));
-                    stages.iter_mut().for_each(|s| s.accept(token));
-                }
-                (Err(a), Err(b)) => {
-                    prop_assert_eq!(a.to_string(), b.to_string());
-                    break;
-                }
-                (a, b) => prop_assert!(false, "{spec} step {step}: {a:?} vs {b:?}"),
-            }
-        }
-        Ok(())
+        sample_steps(&mut chain, &mut stages, &row, &spec, &paths)
     });
     paths.report("transformers sample", 0.4);
 }

@@ -789,15 +789,7 @@ fn crossing(r: &[f32], t: f32, max: f32, u: f64, abs: f64, rel: f64, s: &mut Scr
     // Flushed or subnormal weights: at most 2^-126 each.
     let err = abs + sum * rel + r.len() as f64 * 1.2e-38;
     let target = sum * u;
-    let mut before = 0.0f64;
-    let b = s.block_sums.iter().position(|&bs| {
-        let after = before + bs;
-        if after >= target {
-            return true;
-        }
-        before = after;
-        false
-    })?;
+    let (b, before) = crossing_block(&s.block_sums, target)?;
     let start = b * BLOCK;
     let block = &r[start..(start + BLOCK).min(r.len())];
     s.weights.resize(BLOCK, 0.0);
@@ -811,6 +803,20 @@ fn crossing(r: &[f32], t: f32, max: f32, u: f64, abs: f64, rel: f64, s: &mut Scr
             let certain = prev + 2.0 * err < target && target + 2.0 * err <= running;
             return certain.then_some((start + j) as u32);
         }
+    }
+    None
+}
+
+/// The first block whose running f64 sum of `block_sums` reaches `target`, and the sum of the
+/// blocks before it.
+pub(crate) fn crossing_block(block_sums: &[f64], target: f64) -> Option<(usize, f64)> {
+    let mut before = 0.0f64;
+    for (b, &bs) in block_sums.iter().enumerate() {
+        let after = before + bs;
+        if after >= target {
+            return Some((b, before));
+        }
+        before = after;
     }
     None
 }

@@ -35,7 +35,7 @@
 
 use crate::arch::{self, BLOCK};
 use crate::candidates::{Candidates, TokenData};
-use crate::convention::llama_cpp::dense::{gather_at_least, gather_top, Path, Prepared, Scratch};
+use crate::convention::llama_cpp::dense::{crossing_block, gather_at_least, gather_top, Path, Prepared, Scratch};
 use crate::convention::transformers::weight;
 use crate::error::Result;
 use crate::sampler::transformers::dist::Dist;
@@ -450,20 +450,13 @@ fn top_p(
 /// `u · Σ w`. The weights' arguments are llama.cpp's (`fl32(fl32(r_i / t) - max)`), so the
 /// approximate block sums of llama.cpp's `expf` weights serve, their bound widened by `expf`'s
 /// rounding against the f64 `exp`, the f64 summation and flushed weights
-/// ([`approx_weight_sums`]). The crossing block is resolved with the exact weights, and the token is returned
-/// only when the target is farther than twice the bound from both ends of its interval.
+/// ([`approx_weight_sums`]). The crossing block is resolved with the exact weights, and the
+/// token is returned only when the target is farther than twice the bound from both ends of
+/// its interval.
 fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<u32> {
     let (sum, err) = approx_weight_sums(r, t, max, s);
     let target = sum * u;
-    let mut before = 0.0f64;
-    let b = s.block_sums.iter().position(|&bs| {
-        let after = before + bs;
-        if after >= target {
-            return true;
-        }
-        before = after;
-        false
-    })?;
+    let (b, before) = crossing_block(&s.block_sums, target)?;
     let start = b * BLOCK;
     let mut running = before;
     for (j, &z) in r[start..(start + BLOCK).min(r.len())].iter().enumerate() {
