@@ -206,18 +206,24 @@ fn apply_matches_the_array_path() {
     paths.report("apply", 0.25);
 }
 
-/// Three `sample` steps of `chain` against the array path on `stages` (a copy of its stages
-/// with the same history), each token accepted on both sides: the same tokens, or the same
-/// error.
+/// Three `sample` steps of the chain `spec` (after `history`) against the array path on a copy
+/// of its stages with the same history, each token accepted on both sides: the same tokens,
+/// or the same error.
 fn sample_steps(
-    chain: &mut Chain,
-    stages: &mut [Stage],
+    ctx: &BuildContext<'_>,
+    history: &[u32],
     row: &[f32],
     spec: &str,
     paths: &Paths,
 ) -> Result<(), TestCaseError> {
+    let mut chain = Chain::from_spec(spec, ctx).unwrap();
+    let mut stages = chain.stages().to_vec();
+    for &t in history {
+        chain.accept(t);
+        stages.iter_mut().for_each(|s| s.accept(t));
+    }
     for step in 0..3 {
-        let want = array_path(stages, row).map(|c| c.selected_token());
+        let want = array_path(&mut stages, row).map(|c| c.selected_token());
         let got = chain.sample(row);
         paths.note(chain.last_path());
         match (got, want) {
@@ -255,14 +261,7 @@ fn sample_matches_the_array_path() {
     ];
     let rng = prop_oneof![any::<u32>().prop_map(RngConfig::mt19937), any::<u64>().prop_map(RngConfig::philox)];
     check("fast_sample", CASES, (row_strategy(), chain, history(), rng), |(row, spec, history, rng)| {
-        let ctx = BuildContext::new(row.len(), rng);
-        let mut chain = Chain::from_spec(&spec, &ctx).unwrap();
-        let mut stages = chain.stages().to_vec();
-        for &t in &history {
-            chain.accept(t);
-            stages.iter_mut().for_each(|s| s.accept(t));
-        }
-        sample_steps(&mut chain, &mut stages, &row, &spec, &paths)
+        sample_steps(&BuildContext::new(row.len(), rng), &history, &row, &spec, &paths)
     });
     paths.report("sample", 0.4);
 }
@@ -416,13 +415,7 @@ fn transformers_sample_matches_the_array_path() {
     let rows = prop_oneof![6 => row_strategy(), 1 => huge];
     check("hf_fast_sample", CASES, (rows, hf_chain(), history(), rng), |(row, spec, history, rng)| {
         let ctx = BuildContext::new(row.len(), rng).with_convention(tokensieve::Convention::Transformers);
-        let mut chain = Chain::from_spec(&spec, &ctx).unwrap();
-        let mut stages = chain.stages().to_vec();
-        for &t in &history {
-            chain.accept(t);
-            stages.iter_mut().for_each(|s| s.accept(t));
-        }
-        sample_steps(&mut chain, &mut stages, &row, &spec, &paths)
+        sample_steps(&ctx, &history, &row, &spec, &paths)
     });
     paths.report("transformers sample", 0.4);
 }
