@@ -62,34 +62,12 @@ impl Sampler for MinP {
     }
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
-        if c.sparse && self.apply_sparse(c) {
+        if c.sparse && self.apply_to_view(c) {
             return Ok(());
         }
         ensure_dense(c);
-        let mut exps = std::mem::take(&mut c.wide);
-        let (max, sum) = softmax_exps(&mut c.data, &mut exps); // the bits of `softmax`, one exp per entry
-        c.wide = exps;
-        if !max.is_finite() {
-            return Ok(()); // NaN probabilities: every comparison is false, nothing is removed
-        }
-        // amax(probs) without a pass: the maximum logit has weight exp(0) = 1 exactly, so its
-        // probability is fl32(1 / sum); every other weight is <= 1 and rounding is monotone.
-        let top = (1.0 / sum) as f32;
-        let threshold = self.min_p * top;
-        let k = self.min_tokens_to_keep.min(c.len());
-        // torch.topk only matters when it brings back a token below the threshold. If at
-        // least k probabilities are >= the threshold, the k-th largest is too, so every token
-        // topk returns survives anyway and its tie order is irrelevant: skip it. (k = 1 always
-        // qualifies: the top probability is >= min_p * itself.)
-        if k > 1 && c.data.iter().filter(|t| t.p >= threshold).count() < k {
-            self.restore_topk_and_remove(c, threshold, k);
-        } else {
-            for t in c.as_mut_slice() {
-                if t.p < threshold {
-                    t.logit = f32::NEG_INFINITY;
-                }
-            }
-        }
+        let done = self.apply_to_view(c);
+        debug_assert!(done, "a dense row always decides");
         Ok(())
     }
 }
@@ -100,32 +78,44 @@ impl MinP {
         (self.min_p, self.min_tokens_to_keep)
     }
 
-    /// [`MinP::apply`] on a sparse view, when its result is the dense row's: `false` (the
-    /// view untouched but for `p` fields) when only the dense row can decide.
+    /// The removal, on the dense row or on a sparse view; `false` (a view untouched but for
+    /// its `p` fields) when only the dense row can decide.
     ///
-    /// The view leaves out -inf tokens only, whose weight is exactly 0: the maximum, the f64
-    /// sum (the same nonzero weights in the same order) and every probability are the dense
-    /// row's. With `threshold > 0` a left-out token (`p = 0`) is below it, as in the dense
-    /// count; with `threshold = 0` nothing is removed in either. Only the tie-dependent
+    /// A sparse view leaves out -inf tokens only, whose weight is exactly 0: the maximum, the
+    /// f64 sum (the same nonzero weights in the same order) and every probability are the
+    /// dense row's. With `threshold > 0` a left-out token (`p = 0`) is below it, as in the
+    /// dense count; with `threshold = 0` nothing is removed in either. Only the tie-dependent
     /// `topk` restoration needs the dense row.
-    fn apply_sparse(&self, c: &mut Candidates) -> bool {
+    fn apply_to_view(&self, c: &mut Candidates) -> bool {
         let mut exps = std::mem::take(&mut c.wide);
-        let (max, sum) = softmax_exps(&mut c.data, &mut exps);
+        let (max, sum) = softmax_exps(&mut c.data, &mut exps); // the bits of `softmax`, one exp per entry
         c.wide = exps;
         if !max.is_finite() {
-            return true;
+            return true; // NaN probabilities: every comparison is false, nothing is removed
         }
-        let threshold = self.min_p * (1.0 / sum) as f32;
+        // amax(probs) without a pass: the maximum logit has weight exp(0) = 1 exactly, so its
+        // probability is fl32(1 / sum); every other weight is <= 1 and rounding is monotone.
+        let top = (1.0 / sum) as f32;
+        let threshold = self.min_p * top;
         if threshold == 0.0 {
-            return true;
+            return true; // no probability is below 0
         }
+        // `vocab_size` is the dense row's length.
         let k = self.min_tokens_to_keep.min(c.vocab_size);
+        // torch.topk only matters when it brings back a token below the threshold. If at
+        // least k probabilities are >= the threshold, the k-th largest is too, so every token
+        // topk returns survives anyway and its tie order is irrelevant: skip it. (k = 1 always
+        // qualifies: the top probability is >= min_p * itself.)
         if k > 1 && c.data.iter().filter(|t| t.p >= threshold).count() < k {
-            return false;
-        }
-        for t in c.as_mut_slice() {
-            if t.p < threshold {
-                t.logit = f32::NEG_INFINITY;
+            if c.sparse {
+                return false;
+            }
+            self.restore_topk_and_remove(c, threshold, k);
+        } else {
+            for t in c.as_mut_slice() {
+                if t.p < threshold {
+                    t.logit = f32::NEG_INFINITY;
+                }
             }
         }
         true
