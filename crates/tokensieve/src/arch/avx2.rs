@@ -742,17 +742,44 @@ pub(super) const APPROX_Y_MIN: f32 = -100.0;
 /// [`APPROX_Y_MIN`] (and under `2^-99.5` below): `y = n + f` with `n` an integer (by the
 /// 1.5·2^23 rounding trick, which also leaves `n` in the low bits) and `|f| <= 0.5`, then a
 /// quintic for `2^f` whose exponent field gets `n` added. Returns the result and the clamped `y`.
+#[cfg(test)]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 pub(super) unsafe fn exp2_approx(y: __m256) -> (__m256, __m256) {
-    let magic = _mm256_set1_ps(12_582_912.0); // 1.5·2^23
-    let y = _mm256_max_ps(y, _mm256_set1_ps(APPROX_Y_MIN));
-    let k = _mm256_add_ps(y, magic);
+    exp2_approx_with(y, &Exp2Consts::new())
+}
+
+/// The constants of [`exp2_approx`] in registers, set once per kernel call rather than per
+/// vector (the compiler otherwise reloads them inside the loop).
+struct Exp2Consts {
+    poly: [__m256; 6],
+    y_min: __m256,
+    magic: __m256,
+}
+
+impl Exp2Consts {
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn new() -> Self {
+        Self {
+            poly: EXP2_POLY.map(|c| _mm256_set1_ps(c)),
+            y_min: _mm256_set1_ps(APPROX_Y_MIN),
+            magic: _mm256_set1_ps(12_582_912.0), // 1.5·2^23
+        }
+    }
+}
+
+/// [`exp2_approx`] with its constants given.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn exp2_approx_with(y: __m256, c: &Exp2Consts) -> (__m256, __m256) {
+    let y = _mm256_max_ps(y, c.y_min);
+    let k = _mm256_add_ps(y, c.magic);
     // `y - n` is exact: `n` is the integer nearest `y`, and `y`'s ulp divides it.
-    let f = _mm256_sub_ps(y, _mm256_sub_ps(k, magic));
-    let mut p = _mm256_set1_ps(EXP2_POLY[5]);
-    for &c in EXP2_POLY[..5].iter().rev() {
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+    let f = _mm256_sub_ps(y, _mm256_sub_ps(k, c.magic));
+    let mut p = c.poly[5];
+    for &coef in c.poly[..5].iter().rev() {
+        p = _mm256_fmadd_ps(p, f, coef);
     }
     // `k`'s low mantissa bits hold `n` (two's complement); shifted into the exponent field
     // they add `n` to `p`'s exponent (the high bits of the magic constant shift out).
@@ -770,21 +797,51 @@ pub(super) unsafe fn exp2_approx(y: __m256) -> (__m256, __m256) {
 /// The CPU must support AVX2 and FMA (see the module docs).
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn exp_block_sums_approx(src: &[f32], div: f32, sub: f32, out: &mut [f64]) -> f64 {
+    approx_sums(src, div, sub, 0..out.len(), out)
+}
+
+/// See [`super::exp_block_sums_approx_at`]: [`exp_block_sums_approx`] over the listed blocks.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn exp_block_sums_approx_at(src: &[f32], div: f32, sub: f32, blocks: &[u32], out: &mut [f64]) -> f64 {
+    approx_sums(src, div, sub, blocks.iter().map(|&b| b as usize), out)
+}
+
+/// The kernel of [`exp_block_sums_approx`], over the blocks `ids` names (each `< out.len()`).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn approx_sums(src: &[f32], div: f32, sub: f32, ids: impl Iterator<Item = usize>, out: &mut [f64]) -> f64 {
     let a = _mm256_set1_ps((std::f64::consts::LOG2_E / div as f64) as f32);
     let b = _mm256_set1_ps((-(sub as f64) * std::f64::consts::LOG2_E) as f32);
+    let consts = Exp2Consts::new();
     let mut total = _mm256_setzero_pd();
     let mut weighted = _mm256_setzero_pd();
-    let full = (src.len() / BLOCK).min(out.len());
-    for (o, block) in out[..full].iter_mut().zip(src.chunks_exact(BLOCK)) {
-        let mut acc = _mm256_setzero_ps();
-        let mut acc_y = _mm256_setzero_ps();
-        for c in block.chunks_exact(8) {
-            // SAFETY: `c` holds 8 floats.
-            let (w, y) = exp2_approx(_mm256_fmadd_ps(_mm256_loadu_ps(c.as_ptr()), a, b));
+    let mut entries = 0;
+    for id in ids {
+        let start = id * BLOCK;
+        let Some(block) = src.get(start..(start + BLOCK).min(src.len())) else { continue };
+        entries += block.len();
+        if block.len() < BLOCK {
+            // The last, partial block: exact weights (exact sums need no bound).
+            out[id] = block.iter().map(|&x| (x / div - sub).exp() as f64).sum();
+            continue;
+        }
+        // Two chains of sums, so that their latency overlaps.
+        let (mut acc, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let (mut acc_y, mut acc_y1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for c in block.chunks_exact(16) {
+            // SAFETY: `c` holds 16 floats.
+            let (w, y) = exp2_approx_with(_mm256_fmadd_ps(_mm256_loadu_ps(c.as_ptr()), a, b), &consts);
+            let (w1, y1) = exp2_approx_with(_mm256_fmadd_ps(_mm256_loadu_ps(c.as_ptr().add(8)), a, b), &consts);
             acc = _mm256_add_ps(acc, w);
+            acc1 = _mm256_add_ps(acc1, w1);
             // `y <= 0` but for rounding (see `super::approx_sums_error`): adds `-w·y`.
             acc_y = _mm256_fnmadd_ps(w, y, acc_y);
+            acc_y1 = _mm256_fnmadd_ps(w1, y1, acc_y1);
         }
+        let (acc, acc_y) = (_mm256_add_ps(acc, acc1), _mm256_add_ps(acc_y, acc_y1));
         let sums = _mm256_add_pd(
             _mm256_cvtps_pd(_mm256_castps256_ps128(acc)),
             _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(acc)),
@@ -793,19 +850,14 @@ pub unsafe fn exp_block_sums_approx(src: &[f32], div: f32, sub: f32, out: &mut [
         weighted = _mm256_add_pd(weighted, _mm256_cvtps_pd(_mm256_castps256_ps128(acc_y)));
         weighted = _mm256_add_pd(weighted, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(acc_y)));
         let pair = _mm_add_pd(_mm256_castpd256_pd128(sums), _mm256_extractf128_pd::<1>(sums));
-        *o = _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)));
-    }
-    if let (Some(o), Some(tail)) = (out.get_mut(full), src.get(full * BLOCK..)) {
-        if !tail.is_empty() {
-            *o = tail.iter().map(|&x| (x / div - sub).exp() as f64).sum();
-        }
+        out[id] = _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)));
     }
     let mut v = [0.0f64; 4];
     // SAFETY: `v` holds 4 doubles.
     _mm256_storeu_pd(v.as_mut_ptr(), total);
     let total = v.iter().sum::<f64>();
     _mm256_storeu_pd(v.as_mut_ptr(), weighted);
-    super::approx_sums_error(total, v.iter().sum(), sub, src.len())
+    super::approx_sums_error(total, v.iter().sum(), sub, entries)
 }
 
 /// True when the vectorised `expf` gives `f32::exp`'s bits on a probe set: a sweep of the

@@ -340,11 +340,7 @@ pub fn exp_block_sums(src: &[f32], div: f32, sub: f32, out: &mut [f64]) {
 /// the sums are exact (`E = 0`). Every `src[i] / div - sub` must be `<= 0` or `-inf`.
 pub fn exp_block_sums_approx(src: &[f32], div: f32, sub: f32, out: &mut [f64]) -> f64 {
     assert_eq!(out.len(), src.len().div_ceil(BLOCK), "exp_block_sums_approx: wrong output length");
-    // The bound is first order in the argument's rounding error, about `2^-24·|sub|` per
-    // weight: past |sub| = 2^13 (a tiny temperature) it would not hold, and the kernel's scale
-    // `log2 e / div` must be a normal f32. Exact sums then.
-    let scale = (std::f64::consts::LOG2_E / div as f64) as f32;
-    if caps().isa == Isa::Avx2 && sub.abs() <= 8192.0 && scale.is_normal() {
+    if approx_kernel_applies(div, sub) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
         unsafe {
@@ -353,6 +349,38 @@ pub fn exp_block_sums_approx(src: &[f32], div: f32, sub: f32, out: &mut [f64]) -
     }
     exp_block_sums(src, div, sub, out);
     0.0
+}
+
+/// [`exp_block_sums_approx`] over the blocks listed in `blocks` only (block indices, each
+/// below `out.len()`); the other entries of `out` are left as they are. Returns the bound
+/// on any run of the listed blocks. For callers that bound the other blocks by their maxima
+/// instead of exponentiating them.
+pub fn exp_block_sums_approx_at(src: &[f32], div: f32, sub: f32, blocks: &[u32], out: &mut [f64]) -> f64 {
+    assert_eq!(out.len(), src.len().div_ceil(BLOCK), "exp_block_sums_approx_at: wrong output length");
+    assert!(blocks.iter().all(|&b| (b as usize) < out.len()), "exp_block_sums_approx_at: block out of range");
+    if approx_kernel_applies(div, sub) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        unsafe {
+            return avx2::exp_block_sums_approx_at(src, div, sub, blocks, out);
+        }
+    }
+    let mut ones = [0.0f64; 1];
+    for &b in blocks {
+        let start = b as usize * BLOCK;
+        exp_block_sums(&src[start..(start + BLOCK).min(src.len())], div, sub, &mut ones);
+        out[b as usize] = ones[0];
+    }
+    0.0
+}
+
+/// Whether the AVX2 kernel of [`exp_block_sums_approx`] runs (and its bound holds): the bound
+/// is first order in the argument's rounding error, about `2^-24·|sub|` per weight, so past
+/// |sub| = 2^13 (a tiny temperature) it would not hold, and the kernel's scale `log2 e / div`
+/// must be a normal f32. Exact sums otherwise.
+fn approx_kernel_applies(div: f32, sub: f32) -> bool {
+    let scale = (std::f64::consts::LOG2_E / div as f64) as f32;
+    caps().isa == Isa::Avx2 && sub.abs() <= 8192.0 && scale.is_normal()
 }
 
 /// The error bound of [`exp_block_sums_approx`] from its totals: `total` = Σ of the

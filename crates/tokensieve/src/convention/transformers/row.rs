@@ -35,7 +35,9 @@
 
 use crate::arch::{self, BLOCK};
 use crate::candidates::{Candidates, TokenData};
-use crate::convention::llama_cpp::dense::{crossing_block, gather_at_least, gather_top, Path, Prepared, Scratch};
+use crate::convention::llama_cpp::dense::{
+    crossing_block, gather_at_least, gather_top, total, NearSums, Path, Prepared, Scratch, DRAW_FAR_MASSES,
+};
 use crate::convention::transformers::weight;
 use crate::error::Result;
 use crate::sampler::transformers::dist::Dist;
@@ -337,18 +339,44 @@ fn one_temperature(prefix: &[Stage], s: &Scratch) -> Option<(f32, f32)> {
     max.is_finite().then_some((t, max))
 }
 
-/// The approximate sum of the row's weights `exp(f64(fl32(fl32(z / t) - max)))` (per block in
-/// `s.block_sums`) and a bound on its distance to the f64 sum of the exact weights in any
-/// order (see [`locate_draw`]).
-fn approx_weight_sums(r: &[f32], t: f32, max: f32, s: &mut Scratch) -> (f64, f64) {
-    s.block_sums.resize(r.len().div_ceil(BLOCK), 0.0);
-    let approx_err = arch::exp_block_sums_approx(r, t, max, &mut s.block_sums);
-    let sum: f64 = s.block_sums.iter().sum();
+/// Tries `f` on ever tighter approximations of the row's weights `exp(f64(fl32(fl32(z / t) -
+/// max)))`: per block in `s.block_sums`, with the sum and a bound on its distance to the f64
+/// sum of the exact weights in any order (see [`locate_draw`]). The blocks whose weights may
+/// hold at most `masses[i]` are skipped by the `i`-th try ([`NearSums`]); the last mass should
+/// be 0 (every block). Returns the first `Some` of `f`.
+fn tightening_sums<T>(
+    r: &[f32],
+    t: f32,
+    max: f32,
+    masses: &[f64],
+    s: &mut Scratch,
+    mut f: impl FnMut(f64, f64, &mut Scratch) -> Option<T>,
+) -> Option<T> {
     let n = r.len() as f64;
-    // The bound is against llama.cpp's f32 `expf` weights (exactly 0 where the sums are
+    // The sums' bound is against llama.cpp's f32 `expf` weights (exactly 0 where the sums are
     // exact); those are within an f32 ulp of the f64 `exp`'s: one more 2^-23 relative.
-    (sum, approx_err + sum * (2f64.powi(-23) + (n + 8.0) * f64::EPSILON * 2.0) + n * 1.2e-38)
+    let bounds = |approx_err: f64, s: &Scratch| {
+        let sum = total(&s.block_sums);
+        (sum, approx_err + sum * (2f64.powi(-23) + (n + 8.0) * f64::EPSILON * 2.0) + n * 1.2e-38)
+    };
+    let Some(mut near) = NearSums::new(r, t, max, s) else {
+        s.block_sums.resize(r.len().div_ceil(BLOCK), 0.0);
+        let (sum, err) = bounds(arch::exp_block_sums_approx(r, t, max, &mut s.block_sums), s);
+        return f(sum, err, s);
+    };
+    for &mass in masses {
+        let (sum, err) = bounds(near.widen(mass, r, t, max, s), s);
+        if let Some(x) = f(sum, err, s) {
+            return Some(x);
+        }
+    }
+    None
 }
+
+/// The masses `top_p`'s tries leave unexponentiated ([`NearSums`]): its cut is decided by
+/// bounds on the cumsum, which the first widens by 2^-14 of the sum (undecided cuts were not
+/// seen on the bench's peaked rows); an undecided cut gets a second try with every block.
+const TOP_P_FAR_MASSES: [f64; 2] = [1.0 / 16_384.0, 0.0];
 
 /// transformers' `top_p` on the row (see [`TopP`](crate::sampler::transformers::top_p::TopP)):
 /// sort ascending, softmax, cumsum, remove the sorted prefix whose cumsum is `<= threshold`.
@@ -378,7 +406,30 @@ fn top_p(
     if !(threshold > 0.0 && threshold < 1.0) || keep >= n {
         return Ok(false);
     }
-    let (sum, err) = approx_weight_sums(r, t, max, s);
+    tightening_sums(r, t, max, &TOP_P_FAR_MASSES, s, |sum, err, s| {
+        match top_p_within(sum, err, t, max, threshold, keep, r, s, c) {
+            Ok(false) => None,
+            decided => Some(decided),
+        }
+    })
+    .unwrap_or(Ok(false))
+}
+
+/// [`top_p`] given the softmax sum `S` within `sum ± err`: `Ok(false)` where the bounds (or
+/// ties, or `min_tokens_to_keep`) leave it undecided.
+#[allow(clippy::too_many_arguments)]
+fn top_p_within(
+    sum: f64,
+    err: f64,
+    t: f32,
+    max: f32,
+    threshold: f32,
+    keep: usize,
+    r: &[f32],
+    s: &mut Scratch,
+    c: &mut Candidates,
+) -> Result<bool> {
+    let n = r.len();
     let (s_lo, s_hi) = (sum - err, sum + err);
     if s_lo.is_nan() || s_lo <= 0.0 {
         return Ok(false);
@@ -454,23 +505,24 @@ fn top_p(
 /// token is returned only when the target is farther than twice the bound from both ends of
 /// its interval.
 fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<u32> {
-    let (sum, err) = approx_weight_sums(r, t, max, s);
-    let target = sum * u;
-    let (b, before) = crossing_block(&s.block_sums, target)?;
-    let start = b * BLOCK;
-    let mut running = before;
-    for (j, &z) in r[start..(start + BLOCK).min(r.len())].iter().enumerate() {
-        let w = weight(z / t, max);
-        if w > 0.0 {
-            let prev = running;
-            running += w;
-            if running > target {
-                let certain = prev + 2.0 * err < target && target + 2.0 * err < running;
-                return certain.then_some((start + j) as u32);
+    tightening_sums(r, t, max, &DRAW_FAR_MASSES, s, |sum, err, s| {
+        let target = sum * u;
+        let (b, before) = crossing_block(&s.block_sums, target)?;
+        let start = b * BLOCK;
+        let mut running = before;
+        for (j, &z) in r[start..(start + BLOCK).min(r.len())].iter().enumerate() {
+            let w = weight(z / t, max);
+            if w > 0.0 {
+                let prev = running;
+                running += w;
+                if running > target {
+                    let certain = prev + 2.0 * err < target && target + 2.0 * err < running;
+                    return certain.then_some((start + j) as u32);
+                }
             }
         }
-    }
-    None
+        None
+    })
 }
 
 fn push_if(c: &mut Candidates, t: TokenData, at_least: f32) {
