@@ -118,8 +118,8 @@ fn raw_generic(row: Logits<'_>, token: u32, n: usize, out: &mut Vec<TokenLogprob
     (row.get(token as usize) as f64 - lse) as f32
 }
 
-/// [`raw`] on an f32 row: one pass for the block maxima (and the top `n` from the blocks that
-/// can hold one), then the sum, which skips the blocks and entries that cannot change it (the
+/// [`raw`] on an f32 row: one pass for the block maxima, the top `n` from the few blocks that
+/// can hold one, then the sum, which skips the blocks and entries that cannot change it (the
 /// maxima of a chunk are recomputed for that when the row has more than one chunk). The same
 /// values as the generic loop.
 fn raw_f32(r: &[f32], token: u32, n: usize, out: &mut Vec<TokenLogprob>) -> f32 {
@@ -130,22 +130,7 @@ fn raw_f32(r: &[f32], token: u32, n: usize, out: &mut Vec<TokenLogprob>) -> f32 
     for (c, chunk) in r.chunks(CHUNK_BLOCKS * BLOCK).enumerate() {
         let maxima = &mut maxima[..chunk.len().div_ceil(BLOCK)];
         max = max.max(arch::block_max_into(chunk, maxima));
-        if n == 0 {
-            continue;
-        }
-        for (b, &bm) in maxima.iter().enumerate() {
-            if top_len_below(out, n) || bm >= out[n - 1].logprob {
-                let start = b * BLOCK;
-                let base = c * CHUNK_BLOCKS * BLOCK + start;
-                // Later ids lose ties, so nothing below the current n-th best can enter.
-                let floor = if top_len_below(out, n) { f32::NEG_INFINITY } else { out[n - 1].logprob };
-                for (i, &v) in chunk[start..(start + BLOCK).min(chunk.len())].iter().enumerate() {
-                    if v >= floor {
-                        push_top(out, n, v, (base + i) as u32);
-                    }
-                }
-            }
-        }
+        top_from_blocks(chunk, maxima, (c * CHUNK_BLOCKS * BLOCK) as u32, n, out);
     }
     let mut sum = 0.0f32;
     let single = r.len() <= CHUNK_BLOCKS * BLOCK;
@@ -159,6 +144,48 @@ fn raw_f32(r: &[f32], token: u32, n: usize, out: &mut Vec<TokenLogprob>) -> f32 
     let lse = max as f64 + (sum as f64).ln();
     finish(out, lse);
     (r[token as usize] as f64 - lse) as f32
+}
+
+/// Feeds [`push_top`] the entries of `chunk` (ids from `base`) that can be among the top `n`
+/// of the row, given the chunk's block `maxima`.
+///
+/// Every block holds an entry equal to its maximum, so when the chunk has `n` blocks, its
+/// `n`-th largest block maximum `tau` has `n` entries of the chunk at or above it: an entry
+/// below `tau` is beaten by all of them and cannot be in the top `n`. Only the blocks whose
+/// maximum reaches `tau` (about `n` of them) are read, and in them only the entries at or
+/// above both `tau` and the `n`-th best so far (later ids lose ties) are pushed.
+fn top_from_blocks(chunk: &[f32], maxima: &[f32], base: u32, n: usize, out: &mut Vec<TokenLogprob>) {
+    /// Up to this `n` the block maxima's top `n` is kept on the stack; larger `n` (no API
+    /// asks for more than 20) reads every block that reaches the `n`-th best so far.
+    const MAX_RANKED: usize = 64;
+    if n == 0 {
+        return;
+    }
+    let mut tau = f32::NEG_INFINITY;
+    if n <= MAX_RANKED && maxima.len() >= n {
+        // The `n` largest block maxima, descending.
+        let mut best = [f32::NEG_INFINITY; MAX_RANKED];
+        for &bm in maxima {
+            if bm > best[n - 1] {
+                let pos = best[..n - 1].partition_point(|&b| b >= bm);
+                best.copy_within(pos..n - 1, pos + 1);
+                best[pos] = bm;
+            }
+        }
+        tau = best[n - 1];
+    }
+    for (b, &bm) in maxima.iter().enumerate() {
+        let floor = if top_len_below(out, n) { tau } else { tau.max(out[n - 1].logprob) };
+        if bm < floor {
+            continue;
+        }
+        let start = b * BLOCK;
+        let block = &chunk[start..(start + BLOCK).min(chunk.len())];
+        arch::for_each_ge(block, floor, |i, v| {
+            // `floor` only rises as the top fills: re-checked by `push_top`.
+            push_top(out, n, v, base + (start + i) as u32);
+        });
+    }
 }
 
 fn top_len_below(top: &[TokenLogprob], n: usize) -> bool {
@@ -232,6 +259,29 @@ mod tests {
                 Ok(())
             },
         );
+    }
+
+    /// Rows of more than one chunk of block maxima, with many ties, and `n` on both sides of
+    /// the stack-ranked limit.
+    #[test]
+    fn raw_fast_path_matches_the_generic_loop_on_long_rows() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (state >> 33) as u32
+        };
+        for len in [262_144usize, 262_145, 600_000] {
+            // Quarter steps over [-40, 24): thousands of exact ties, the best ones included.
+            let row: Vec<f32> = (0..len).map(|_| (next() % 256) as f32 * 0.25 - 40.0).collect();
+            for n in [1usize, 20, 64, 65, 100] {
+                let token = next() % len as u32;
+                let (mut fast, mut slow) = (Vec::new(), Vec::new());
+                let a = raw(Logits::F32(&row), token, n, &mut fast);
+                let e = raw_generic(Logits::F32(&row), token, n, &mut slow);
+                assert_eq!(a.to_bits(), e.to_bits(), "len {len}, n {n}");
+                assert_eq!(fast, slow, "len {len}, n {n}");
+            }
+        }
     }
 
     #[test]

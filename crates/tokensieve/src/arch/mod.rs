@@ -208,6 +208,20 @@ pub fn count_ge(values: &[f32], threshold: f32) -> usize {
     }
 }
 
+/// Calls `f(i, block[i])` for every `i` with `block[i] >= threshold`, in index order, for a
+/// `block` of at most [`BLOCK`] entries. For sparse hits: a vector compare per 8 entries,
+/// then one call per hit.
+#[inline]
+pub fn for_each_ge(block: &[f32], threshold: f32, f: impl FnMut(usize, f32)) {
+    assert!(block.len() <= BLOCK, "for_each_ge: more than one block");
+    match caps().isa {
+        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::for_each_ge(block, threshold, f) },
+        _ => portable::for_each_ge(block, threshold, f),
+    }
+}
+
 /// Appends `(base + i, block[i], p = 0)` for every `i` with `block[i] >= threshold`, in index
 /// order.
 pub fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<TokenData>) {
@@ -473,6 +487,15 @@ pub mod portable {
         values.iter().filter(|&&x| x >= threshold).count()
     }
 
+    /// See [`super::for_each_ge`].
+    pub fn for_each_ge(block: &[f32], threshold: f32, mut f: impl FnMut(usize, f32)) {
+        for (i, &x) in block.iter().enumerate() {
+            if x >= threshold {
+                f(i, x);
+            }
+        }
+    }
+
     /// See [`super::gather_ge`].
     pub fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<TokenData>) {
         for (i, &x) in block.iter().enumerate() {
@@ -640,7 +663,19 @@ mod tests {
             let mut g = Vec::new();
             portable::gather_ge(&r, 5, thr, &mut g);
             let want: Vec<(u32, f32)> = r.iter().enumerate().filter(|(_, &x)| x >= thr).map(|(i, &x)| (5 + i as u32, x)).collect();
-            prop_assert_eq!(g.iter().map(|t| (t.id, t.logit)).collect::<Vec<_>>(), want);
+            prop_assert_eq!(&g.iter().map(|t| (t.id, t.logit)).collect::<Vec<_>>(), &want);
+            // `for_each_ge` takes one block at a time (the last one may be short).
+            type Hits = Vec<(u32, f32)>;
+            let hits = |f: &dyn Fn(&[f32], &mut Hits)| {
+                let mut v = Vec::new();
+                for (b, block) in r.chunks(BLOCK).enumerate() {
+                    let from = v.len();
+                    f(block, &mut v);
+                    v[from..].iter_mut().for_each(|h: &mut (u32, f32)| h.0 += (5 + b * BLOCK) as u32);
+                }
+                v
+            };
+            prop_assert_eq!(&hits(&|b, v| portable::for_each_ge(b, thr, |i, x| v.push((i as u32, x)))), &want);
 
             if avx2_available() {
                 #[cfg(target_arch = "x86_64")]
@@ -662,6 +697,7 @@ mod tests {
                     let mut g2 = Vec::new();
                     avx2::gather_ge(&r, 5, thr, &mut g2);
                     prop_assert_eq!(&g2, &g);
+                    prop_assert_eq!(&hits(&|b, v| avx2::for_each_ge(b, thr, |i, x| v.push((i as u32, x)))), &want);
                 }
             }
         }
