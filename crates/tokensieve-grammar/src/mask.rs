@@ -5,7 +5,7 @@
 //! 1. A parse state is a set of stacks and a token is allowed when *some* stack accepts it, so
 //!    the mask of a state is the OR of its stacks' masks. Each stack's mask is memoised (a JSON
 //!    document keeps coming back to the same stacks: inside a string, after a comma, …).
-//! 2. A stack seen for the first time is split: its top [`MaskCache::depth`] frames (the
+//! 2. A stack seen for the first time is split: its top `MaskCache::depth` frames (the
 //!    *context-independent* part, XGrammar's term) are looked up in a second cache that holds
 //!    the tokens accepted whatever lies below those frames, plus the parts of the trie whose
 //!    tokens reach below them ("uncertain"). Only those parts are walked again from the real
@@ -21,7 +21,7 @@
 //!    every character of such an alphabet *enters* the loop (the start of a string's
 //!    content), the slice's precomputed mask of the tokens made of it is set at once.
 //!
-//! Every path is checked against [`Engine::token_verdict`], the token-by-token definition
+//! Every path is checked against `Engine::token_verdict`, the token-by-token definition
 //! that follows llama.cpp's `llama_grammar_reject_candidates`.
 
 use std::sync::Arc;

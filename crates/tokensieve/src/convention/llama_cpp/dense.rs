@@ -34,7 +34,7 @@
 //!      multiply-add, a quintic, f32 lane sums, and a certified error bound that is typically
 //!      a few parts in 10^6 of the sum) locate the draw; the choice is certain when the target
 //!      lies farther than the bound from both ends of the chosen entry's interval. Most blocks
-//!      of a peaked row hold only weights far below the maximum's: [`NearSums`] bounds those
+//!      of a peaked row hold only weights far below the maximum's: `NearSums` bounds those
 //!      by their block maxima instead of exponentiating them, as long as their bounds add up
 //!      to at most 2^-10 of the sum, and the first try exponentiates only the rest (5–60% of the
 //!      blocks of the bench's peaked rows). A draw it cannot certify tries again with the bound at 2^-17,
