@@ -72,10 +72,11 @@ fn machine() -> String {
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
     format!(
-        "{model}, {cores} core(s), {} {}; kernels: {:?}, vectorised expf: {}; {rustc}",
+        "{model}, {cores} core(s), {} {}; kernels: {:?}{}, vectorised expf: {}; {rustc}",
         std::env::consts::OS,
         std::env::consts::ARCH,
         arch::isa(),
+        if arch::avx512() { " (+ AVX-512 approximate block sums)" } else { "" },
         if arch::vectorised_exp() { "yes" } else { "no" }
     )
 }

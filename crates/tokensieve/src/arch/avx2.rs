@@ -83,7 +83,7 @@ unsafe fn hmax8(m: &[__m256; 8]) -> __m256 {
 
 /// See [`super::summarize`]. Per block the max tree and the running sum of its first operands
 /// of [`locate_max`] (with the root added too, since every block's maximum is kept); the
-/// horizontal maxima eight blocks at a time ([`hmax8`]) with one store, and the best block
+/// horizontal maxima eight blocks at a time (`hmax8`) with one store, and the best block
 /// found afterwards among the stored maxima, so no scalar work per block. The sum's false
 /// alarms are [`locate_max`]'s: an overflow to both infinities.
 ///
@@ -694,7 +694,7 @@ unsafe fn add_queued(mut sum: f32, vals: &mut [f32], n: usize, sub: f32) -> f32 
 /// the plain loop.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn add_group(mut sum: f32, xs: &[f32], sub: f32) -> f32 {
-    debug_assert!(xs.len() % 8 == 0 && xs.len() <= BLOCK);
+    debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
     let s = _mm256_set1_ps(sub);
     let bits = sum.to_bits();
     let e = bits >> 23; // the biased exponent (the sign bit is 0)
@@ -795,7 +795,7 @@ pub unsafe fn exp_block_sums(src: &[f32], div: f32, sub: f32, out: &mut [f64]) {
 /// Coefficients of `2^f` on `[-0.5, 0.5]` (degree 5, fitted at the Chebyshev nodes; relative
 /// error 1.0e-7 in exact arithmetic, under [`APPROX_POLY_REL_ERROR`] evaluated in f32). The
 /// linear one rounds to ln 2's f32.
-const EXP2_POLY: [f32; 6] =
+pub(super) const EXP2_POLY: [f32; 6] =
     [1.000_000_1, std::f32::consts::LN_2, 0.240_221_08, 0.055_503_57, 0.009_676_032, 0.001_339_086_3];
 
 /// Relative error of [`exp2_approx`] against `2^y` for `y >= APPROX_Y_MIN` (the `2^f` polynomial

@@ -3,7 +3,11 @@
 //! Layout follows memchr's: every kernel has a portable implementation (always compiled, the
 //! reference the others are tested against) and, on x86-64, an AVX2+FMA one in [`avx2`] with
 //! the same name and signature. [`isa`] detects the CPU once and caches the answer; the public
-//! functions here dispatch on it. Nothing outside this module contains `unsafe`.
+//! functions here dispatch on it. Nothing outside this module contains `unsafe`. Where AVX-512F
+//! is present too ([`avx512()`] reports it), the approximate block sums behind `dist` and
+//! transformers `top_p` ([`exp_block_sums_approx`]) run on 16 lanes from [`mod@avx512`], with
+//! the same weights lane for lane; every other kernel stays AVX2 (the wider ones have not been
+//! written: NEON neither).
 //!
 //! The kernels (all for NaN-free input unless a kernel says otherwise):
 //!
@@ -38,6 +42,8 @@ use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
 
 /// Entries per block of [`summarize`]'s block maxima (8 AVX2 vectors).
 pub const BLOCK: usize = 64;
@@ -57,6 +63,8 @@ struct Caps {
     exact_exp: bool,
     /// F16C (`vcvtph2ps`) beside AVX2: f16 rows widen 8 values per instruction.
     f16c: bool,
+    /// AVX-512F beside AVX2: the approximate block sums run on 16 lanes.
+    avx512: bool,
 }
 
 fn caps() -> Caps {
@@ -66,9 +74,14 @@ fn caps() -> Caps {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             // SAFETY: AVX2 and FMA were detected just above.
             let exact_exp = unsafe { avx2::exp_replica_agrees() };
-            return Caps { isa: Isa::Avx2, exact_exp, f16c: std::is_x86_feature_detected!("f16c") };
+            return Caps {
+                isa: Isa::Avx2,
+                exact_exp,
+                f16c: std::is_x86_feature_detected!("f16c"),
+                avx512: std::is_x86_feature_detected!("avx512f"),
+            };
         }
-        Caps { isa: Isa::Portable, exact_exp: false, f16c: false }
+        Caps { isa: Isa::Portable, exact_exp: false, f16c: false, avx512: false }
     })
 }
 
@@ -98,6 +111,12 @@ pub fn widen_bf16(src: &[half::bf16], out: &mut Vec<f32>) {
 /// The instruction set detected on this CPU (once; cached).
 pub fn isa() -> Isa {
     caps().isa
+}
+
+/// True when the AVX-512 kernel of [`exp_block_sums_approx`] is in use (AVX-512F detected
+/// beside AVX2 and FMA). The other kernels are AVX2's either way.
+pub fn avx512() -> bool {
+    caps().avx512
 }
 
 /// True when the vectorised `expf` is in use (it matched the platform's `expf` on the probe
@@ -356,8 +375,12 @@ pub fn exp_block_sums_approx(src: &[f32], div: f32, sub: f32, out: &mut [f64]) -
     assert_eq!(out.len(), src.len().div_ceil(BLOCK), "exp_block_sums_approx: wrong output length");
     if approx_kernel_applies(div, sub) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime,
+        // `avx512` only beside it when AVX-512F was too.
         unsafe {
+            if caps().avx512 {
+                return avx512::exp_block_sums_approx(src, div, sub, out);
+            }
             return avx2::exp_block_sums_approx(src, div, sub, out);
         }
     }
@@ -374,8 +397,12 @@ pub fn exp_block_sums_approx_at(src: &[f32], div: f32, sub: f32, blocks: &[u32],
     assert!(blocks.iter().all(|&b| (b as usize) < out.len()), "exp_block_sums_approx_at: block out of range");
     if approx_kernel_applies(div, sub) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime,
+        // `avx512` only beside it when AVX-512F was too.
         unsafe {
+            if caps().avx512 {
+                return avx512::exp_block_sums_approx_at(src, div, sub, blocks, out);
+            }
             return avx2::exp_block_sums_approx_at(src, div, sub, blocks, out);
         }
     }
@@ -636,6 +663,13 @@ mod tests {
     fn avx2_available() -> bool {
         #[cfg(target_arch = "x86_64")]
         return std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+        #[allow(unreachable_code)]
+        false
+    }
+
+    fn avx512_available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return avx2_available() && std::is_x86_feature_detected!("avx512f");
         #[allow(unreachable_code)]
         false
     }
@@ -941,6 +975,26 @@ mod tests {
         }
     }
 
+    type ApproxKernel = fn(&[f32], f32, f32, &mut [f64]) -> f64;
+
+    /// The dispatched approximate block sums and, where this CPU runs them, each SIMD kernel
+    /// directly (the dispatch picks only one).
+    fn approx_kernels() -> Vec<(&'static str, ApproxKernel)> {
+        let mut kernels: Vec<(&'static str, ApproxKernel)> = vec![("dispatched", exp_block_sums_approx)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if avx2_available() {
+                // SAFETY: AVX2 and FMA were detected just above.
+                kernels.push(("avx2", |x, d, s, o| unsafe { avx2::exp_block_sums_approx(x, d, s, o) }));
+            }
+            if avx512_available() {
+                // SAFETY: AVX-512F, AVX2 and FMA were detected just above.
+                kernels.push(("avx512", |x, d, s, o| unsafe { avx512::exp_block_sums_approx(x, d, s, o) }));
+            }
+        }
+        kernels
+    }
+
     #[test]
     fn block_sums_are_exact_and_the_approximation_within_its_bound() {
         // Logits as a model's (maximum near +15 or far from 0), temperatures, and rows holding
@@ -956,22 +1010,24 @@ mod tests {
                 let nb = x.len().div_ceil(BLOCK);
                 let (mut exact, mut approx) = (vec![0.0; nb], vec![0.0; nb]);
                 exp_block_sums(&x, div, sub, &mut exact);
-                let bound = exp_block_sums_approx(&x, div, sub, &mut approx);
-                let (mut pe, mut pa) = (0.0f64, 0.0f64);
-                for (b, block) in x.chunks(BLOCK).enumerate() {
-                    assert_eq!(exact[b].to_bits(), portable::exp_shifted_sum(block, div, sub).to_bits());
-                    // Every prefix of blocks: the bound is on runs of blocks.
-                    pe += exact[b];
-                    pa += approx[b];
-                    assert!(
-                        (pa - pe).abs() <= bound,
-                        "shift {shift} div {div} block {b}: {pa} vs {pe} (bound {bound})"
-                    );
-                }
-                // The bound is useful: tight enough to locate draws among realistic weights.
-                // (It grows with |sub|: llama.cpp rounds `l / t` at that magnitude.)
-                if sub.abs() <= 100.0 {
-                    assert!(bound <= 1e-4 * pe, "shift {shift} div {div}: bound {bound} for sum {pe}");
+                for (kernel, approximate) in approx_kernels() {
+                    let bound = approximate(&x, div, sub, &mut approx);
+                    let (mut pe, mut pa) = (0.0f64, 0.0f64);
+                    for (b, block) in x.chunks(BLOCK).enumerate() {
+                        assert_eq!(exact[b].to_bits(), portable::exp_shifted_sum(block, div, sub).to_bits());
+                        // Every prefix of blocks: the bound is on runs of blocks.
+                        pe += exact[b];
+                        pa += approx[b];
+                        assert!(
+                            (pa - pe).abs() <= bound,
+                            "{kernel}: shift {shift} div {div} block {b}: {pa} vs {pe} (bound {bound})"
+                        );
+                    }
+                    // The bound is useful: tight enough to locate draws among realistic weights.
+                    // (It grows with |sub|: llama.cpp rounds `l / t` at that magnitude.)
+                    if sub.abs() <= 100.0 {
+                        assert!(bound <= 1e-4 * pe, "{kernel}: shift {shift} div {div}: bound {bound} for sum {pe}");
+                    }
                 }
             }
         }
@@ -1010,6 +1066,23 @@ mod tests {
                 use std::arch::x86_64::*;
                 let (w, _) = avx2::exp2_approx(_mm256_loadu_ps(v.as_ptr()));
                 _mm256_storeu_ps(out.as_mut_ptr(), w);
+            }
+            if avx512_available() {
+                let mut v16 = [0.0f32; 16];
+                v16[..8].copy_from_slice(&v);
+                v16[8..].copy_from_slice(&v);
+                let mut out16 = [0.0f32; 16];
+                // SAFETY: AVX-512F, AVX2 and FMA were detected just above; the arrays hold 16
+                // floats.
+                unsafe {
+                    use std::arch::x86_64::*;
+                    let (w, _) = avx512::exp2_approx(_mm512_loadu_ps(v16.as_ptr()));
+                    _mm512_storeu_ps(out16.as_mut_ptr(), w);
+                }
+                // Lane for lane the AVX2 weights, so the AVX2 bound holds for both.
+                let bits = |a: &[f32]| a.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&out16[..8]), bits(&out), "{chunk:?}");
+                assert_eq!(bits(&out16[8..]), bits(&out), "{chunk:?}");
             }
             for (&y, &w) in chunk.iter().zip(&out) {
                 let e = (y as f64).exp2();
