@@ -3,8 +3,9 @@
 //! * [`LogprobsMode::Raw`]: log-softmax of the **input row** over the full vocabulary (no
 //!   penalty, bias, temperature or truncation), as llama.cpp's server reports by default and
 //!   vLLM's `raw_logprobs`. The top N are found by partial selection, never by sorting the
-//!   vocabulary: a bounded insertion buffer fed only from the blocks of the row whose maximum
-//!   reaches the current N-th best (block maxima from one SIMD pass).
+//!   vocabulary: one SIMD pass gives the maximum of every block of 64 entries; the N-th
+//!   largest block maximum is a lower bound of the N-th best logit, so only the blocks that
+//!   reach it (about N) are read, and a bounded insertion buffer keeps their best entries.
 //! * [`LogprobsMode::Processed`]: log-softmax over the candidates the chain left (finite
 //!   logits only), i.e. the distribution the final stage drew from (llama.cpp's
 //!   `post_sampling_probs`, vLLM's `processed_logprobs`).

@@ -340,28 +340,46 @@ pub unsafe fn count_ge(values: &[f32], threshold: f32) -> usize {
     n + tail.iter().filter(|&&x| x >= threshold).count()
 }
 
-/// See [`super::for_each_ge`].
-///
-/// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
+/// Bit `i` set for every `i` with `piece[i] >= threshold` (`t` holds it in every lane), for a
+/// `piece` of at most 64 entries.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn for_each_ge(block: &[f32], threshold: f32, mut f: impl FnMut(usize, f32)) {
-    let t = _mm256_set1_ps(threshold);
-    let chunks = block.chunks_exact(8);
+#[inline]
+unsafe fn mask_ge(piece: &[f32], t: __m256, threshold: f32) -> u64 {
+    if let Ok(whole) = <&[f32; 64]>::try_from(piece) {
+        // A fixed length: unrolled, with constant shifts.
+        let mut bits = 0u64;
+        for k in 0..8 {
+            // SAFETY: `whole` holds 64 floats, so 8 from `8k` are in bounds.
+            let x = _mm256_loadu_ps(whole.as_ptr().add(8 * k));
+            bits |= (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as u8 as u64) << (8 * k);
+        }
+        return bits;
+    }
+    let chunks = piece.chunks_exact(8);
     let tail = chunks.remainder();
-    // One mask for the whole block (at most 64 entries): one loop over its set bits.
     let mut bits = 0u64;
     for (k, c) in chunks.enumerate() {
         // SAFETY: `c` holds 8 floats.
         let x = _mm256_loadu_ps(c.as_ptr());
         bits |= (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as u8 as u64) << (8 * k);
     }
-    let whole = block.len() - tail.len();
+    let whole = piece.len() - tail.len();
     for (j, &x) in tail.iter().enumerate() {
         if x >= threshold {
             bits |= 1 << (whole + j);
         }
     }
+    bits
+}
+
+/// See [`super::for_each_ge`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn for_each_ge(block: &[f32], threshold: f32, mut f: impl FnMut(usize, f32)) {
+    // One mask for the whole block (at most 64 entries): one loop over its set bits.
+    let mut bits = mask_ge(block, _mm256_set1_ps(threshold), threshold);
     while bits != 0 {
         let i = bits.trailing_zeros() as usize;
         f(i, block[i]);
