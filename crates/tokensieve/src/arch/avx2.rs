@@ -562,6 +562,69 @@ pub unsafe fn exp_shifted_sum(src: &[f32], div: f32, sub: f32) -> f64 {
 /// The CPU must support AVX2 and FMA (see the module docs).
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32]) -> f32 {
+    exp_sum_sequential_with::<Avx2Scan>(start, row, sub, block_max)
+}
+
+/// How [`exp_sum_sequential_with`] finds and queues the entries of a whole block at or above
+/// the threshold: 8 lanes at a time here, 16 in [`super::avx512`]. The queued values, and so
+/// the sum, are the same either way.
+pub(super) trait BlockScan {
+    /// Per-vector selection masks.
+    type Masks: Copy;
+    /// The masks of the entries `>= threshold`, and how many there are.
+    unsafe fn select(block: &[f32; BLOCK], threshold: f32) -> (Self::Masks, usize);
+    /// Writes the selected entries, in order, to the start of `dst` (which has room for
+    /// [`BLOCK`] + 8 values; what lies past the count is garbage); returns the count.
+    unsafe fn pack(block: &[f32; BLOCK], masks: Self::Masks, dst: &mut [f32]) -> usize;
+}
+
+struct Avx2Scan;
+
+impl BlockScan for Avx2Scan {
+    type Masks = [u8; BLOCK / 8];
+
+    #[inline(always)]
+    unsafe fn select(block: &[f32; BLOCK], threshold: f32) -> (Self::Masks, usize) {
+        let t = _mm256_set1_ps(threshold);
+        let mut masks = [0u8; BLOCK / 8];
+        let mut count = 0;
+        for (m, c) in masks.iter_mut().zip(block.chunks_exact(8)) {
+            // SAFETY: `c` holds 8 floats.
+            let x = _mm256_loadu_ps(c.as_ptr());
+            *m = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as u8;
+            count += POPCOUNT[*m as usize] as usize;
+        }
+        (masks, count)
+    }
+
+    #[inline(always)]
+    unsafe fn pack(block: &[f32; BLOCK], masks: Self::Masks, dst: &mut [f32]) -> usize {
+        let mut n = 0;
+        for (&m, c) in masks.iter().zip(block.chunks_exact(8)) {
+            // SAFETY: `c` holds 8 floats.
+            let x = _mm256_loadu_ps(c.as_ptr());
+            // Left-pack the selected lanes (no branch per entry): lanes past the count are
+            // overwritten by the next store or padded with -inf before use.
+            // SAFETY: the table row holds 8 u32 lane indices < 8.
+            let idx = _mm256_loadu_si256(COMPRESS_LUT[m as usize].as_ptr() as *const __m256i);
+            let out = &mut dst[n..n + 8];
+            // SAFETY: `out` holds 8 floats.
+            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_permutevar8x32_ps(x, idx));
+            n += POPCOUNT[m as usize] as usize;
+        }
+        n
+    }
+}
+
+/// [`exp_sum_sequential`] with the block scan `S`; inlined into each caller, which is compiled
+/// with the target features `S` needs.
+#[inline(always)]
+pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
+    start: f32,
+    row: &[f32],
+    sub: f32,
+    block_max: &[f32],
+) -> f32 {
     const QUEUE: usize = 256;
     // Blocks with at least this many entries at or above the threshold are added whole.
     const DENSE: usize = 40;
@@ -594,16 +657,8 @@ pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &
         if bm - sub < bound {
             continue;
         }
-        let t = _mm256_set1_ps(threshold);
-        if block.len() == BLOCK {
-            let mut masks = [0u8; BLOCK / 8];
-            let mut count = 0;
-            for (m, c) in masks.iter_mut().zip(block.chunks_exact(8)) {
-                // SAFETY: `c` holds 8 floats.
-                let x = _mm256_loadu_ps(c.as_ptr());
-                *m = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as u8;
-                count += POPCOUNT[*m as usize] as usize;
-            }
+        if let Ok(whole) = <&[f32; BLOCK]>::try_from(block) {
+            let (masks, count) = S::select(whole, threshold);
             if count >= DENSE {
                 // In order: what is queued comes first.
                 if waiting > 0 {
@@ -618,19 +673,7 @@ pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &
                 raise(sum, &mut bound, &mut threshold);
                 continue;
             }
-            let vals = &mut queues[cur];
-            for (&m, c) in masks.iter().zip(block.chunks_exact(8)) {
-                // SAFETY: `c` holds 8 floats.
-                let x = _mm256_loadu_ps(c.as_ptr());
-                // Left-pack the selected lanes (no branch per entry): lanes past the count are
-                // overwritten by the next store or padded with -inf before use.
-                // SAFETY: the table row holds 8 u32 lane indices < 8.
-                let idx = _mm256_loadu_si256(COMPRESS_LUT[m as usize].as_ptr() as *const __m256i);
-                let dst = &mut vals[n..n + 8];
-                // SAFETY: `dst` holds 8 floats.
-                _mm256_storeu_ps(dst.as_mut_ptr(), _mm256_permutevar8x32_ps(x, idx));
-                n += POPCOUNT[m as usize] as usize;
-            }
+            n += S::pack(whole, masks, &mut queues[cur][n..]);
         } else {
             let vals = &mut queues[cur];
             for &x in block {

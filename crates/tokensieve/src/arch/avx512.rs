@@ -1,6 +1,7 @@
-//! AVX-512 versions of the approximate block sums ([`super::exp_block_sums_approx`] and
-//! [`super::exp_block_sums_approx_at`]), the kernel behind `dist`'s and transformers `top_p`'s
-//! bounds: 16 lanes instead of [`super::avx2`]'s 8.
+//! AVX-512 versions of two kernels, 16 lanes instead of [`super::avx2`]'s 8: the approximate
+//! block sums ([`super::exp_block_sums_approx`] and [`super::exp_block_sums_approx_at`]), behind
+//! `dist`'s and transformers `top_p`'s bounds, and the block scan of
+//! [`super::exp_sum_sequential`] (llama.cpp's softmax sum; see [`exp_sum_sequential`] here).
 //!
 //! Every lane computes what an AVX2 lane computes, operation for operation (the same fused
 //! multiply-add for the argument, the same clamp, rounding trick and quintic, the same exponent
@@ -10,8 +11,9 @@
 //! tests check the weights bit for bit against the AVX2 kernel and the sums against the bound.
 //!
 //! Every function is `unsafe` for one reason only: it is compiled with
-//! `#[target_feature(enable = "avx512f,avx2,fma")]`. SAFETY (callers): [`super`] calls these
-//! only after `is_x86_feature_detected!` returned true for `avx512f`, `avx2` and `fma`.
+//! `#[target_feature(enable = "avx512f,avx2,fma")]` (and `popcnt` for the scan). SAFETY
+//! (callers): [`super`] calls these only after `is_x86_feature_detected!` returned true for
+//! `avx512f`, `popcnt`, `avx2` and `fma`.
 //! Inside, the only other unsafe operations are unaligned loads (`loadu`, no alignment
 //! requirement) whose bounds come from the block they read.
 //!
@@ -130,4 +132,50 @@ unsafe fn approx_sums(src: &[f32], div: f32, sub: f32, ids: impl Iterator<Item =
         out[id] = _mm512_reduce_add_pd(sums);
     }
     super::approx_sums_error(_mm512_reduce_add_pd(total), _mm512_reduce_add_pd(weighted), sub, entries)
+}
+
+/// See [`super::exp_sum_sequential`]: [`super::avx2`]'s algorithm, the same entries queued in
+/// the same order (so the same sum, bit for bit), with each block scanned 16 lanes at a time:
+/// a compare into a mask register and a compress per vector, where AVX2 needs a movemask, a
+/// table lookup and a permute per 8 entries.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
+#[target_feature(enable = "avx512f,avx2,fma,popcnt")]
+pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32]) -> f32 {
+    super::avx2::exp_sum_sequential_with::<Avx512Scan>(start, row, sub, block_max)
+}
+
+struct Avx512Scan;
+
+impl super::avx2::BlockScan for Avx512Scan {
+    type Masks = [u16; BLOCK / 16];
+
+    #[inline(always)]
+    unsafe fn select(block: &[f32; BLOCK], threshold: f32) -> (Self::Masks, usize) {
+        let t = _mm512_set1_ps(threshold);
+        let mut masks = [0u16; BLOCK / 16];
+        let mut count = 0;
+        for (k, m) in masks.iter_mut().enumerate() {
+            // SAFETY: `block` holds 64 floats, so 16 from `16k` are in bounds.
+            *m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_loadu_ps(block.as_ptr().add(16 * k)), t);
+            count += m.count_ones() as usize;
+        }
+        (masks, count)
+    }
+
+    #[inline(always)]
+    unsafe fn pack(block: &[f32; BLOCK], masks: Self::Masks, dst: &mut [f32]) -> usize {
+        let mut n = 0;
+        for (k, &m) in masks.iter().enumerate() {
+            // SAFETY: `block` holds 64 floats, so 16 from `16k` are in bounds.
+            let x = _mm512_loadu_ps(block.as_ptr().add(16 * k));
+            // At most 48 written before, plus 16: within the BLOCK + 8 the caller guarantees.
+            let out = &mut dst[n..n + 16];
+            // SAFETY: `out` holds 16 floats.
+            _mm512_storeu_ps(out.as_mut_ptr(), _mm512_maskz_compress_ps(m, x));
+            n += m.count_ones() as usize;
+        }
+        n
+    }
 }

@@ -4,10 +4,11 @@
 //! reference the others are tested against) and, on x86-64, an AVX2+FMA one in [`avx2`] with
 //! the same name and signature. [`isa`] detects the CPU once and caches the answer; the public
 //! functions here dispatch on it. Nothing outside this module contains `unsafe`. Where AVX-512F
-//! is present too ([`avx512()`] reports it), the approximate block sums behind `dist` and
-//! transformers `top_p` ([`exp_block_sums_approx`]) run on 16 lanes from [`mod@avx512`], with
-//! the same weights lane for lane; every other kernel stays AVX2 (the wider ones have not been
-//! written: NEON neither).
+//! and POPCNT are present too ([`avx512()`] reports it), two kernels run on 16 lanes from
+//! [`mod@avx512`]: the approximate block sums behind `dist` and transformers `top_p`
+//! ([`exp_block_sums_approx`], the same weights lane for lane) and the block scan of
+//! [`exp_sum_sequential`] (the same sum, bit for bit). Every other kernel stays AVX2 (wider
+//! ones have not been written; NEON neither).
 //!
 //! The kernels (all for NaN-free input unless a kernel says otherwise):
 //!
@@ -63,7 +64,8 @@ struct Caps {
     exact_exp: bool,
     /// F16C (`vcvtph2ps`) beside AVX2: f16 rows widen 8 values per instruction.
     f16c: bool,
-    /// AVX-512F beside AVX2: the approximate block sums run on 16 lanes.
+    /// AVX-512F (and POPCNT) beside AVX2: the approximate block sums and the block scan of
+    /// the sequential sum run on 16 lanes.
     avx512: bool,
 }
 
@@ -78,7 +80,7 @@ fn caps() -> Caps {
                 isa: Isa::Avx2,
                 exact_exp,
                 f16c: std::is_x86_feature_detected!("f16c"),
-                avx512: std::is_x86_feature_detected!("avx512f"),
+                avx512: std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("popcnt"),
             };
         }
         Caps { isa: Isa::Portable, exact_exp: false, f16c: false, avx512: false }
@@ -113,8 +115,9 @@ pub fn isa() -> Isa {
     caps().isa
 }
 
-/// True when the AVX-512 kernel of [`exp_block_sums_approx`] is in use (AVX-512F detected
-/// beside AVX2 and FMA). The other kernels are AVX2's either way.
+/// True when the AVX-512 kernels of [`exp_block_sums_approx`] and [`exp_sum_sequential`] are
+/// in use (AVX-512F and POPCNT detected beside AVX2 and FMA). The other kernels are AVX2's
+/// either way.
 pub fn avx512() -> bool {
     caps().avx512
 }
@@ -307,8 +310,12 @@ pub fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32]) 
     let c = caps();
     if c.exact_exp {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `exact_exp` is only set after AVX2 and FMA were detected at runtime.
+        // SAFETY: `exact_exp` is only set after AVX2 and FMA were detected at runtime,
+        // `avx512` only beside them when AVX-512F and POPCNT were too.
         unsafe {
+            if c.avx512 {
+                return avx512::exp_sum_sequential(start, row, sub, block_max);
+            }
             return avx2::exp_sum_sequential(start, row, sub, block_max);
         }
     }
@@ -669,7 +676,7 @@ mod tests {
 
     fn avx512_available() -> bool {
         #[cfg(target_arch = "x86_64")]
-        return avx2_available() && std::is_x86_feature_detected!("avx512f");
+        return avx2_available() && std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("popcnt");
         #[allow(unreachable_code)]
         false
     }
@@ -812,11 +819,14 @@ mod tests {
             let mut bm = Vec::new();
             portable::summarize(&r, &mut bm);
             prop_assert_eq!(portable::exp_sum_sequential(0.0, &r, sub, &bm).to_bits(), plain.to_bits());
-            prop_assert_eq!(exp_sum_sequential(0.0, &r, sub, &bm).to_bits(), plain.to_bits());
-            // Continued over a split at a block boundary.
-            let cut = (r.len() / 2) / BLOCK * BLOCK;
-            let first = exp_sum_sequential(0.0, &r[..cut], sub, &bm[..cut / BLOCK]);
-            prop_assert_eq!(exp_sum_sequential(first, &r[cut..], sub, &bm[cut / BLOCK..]).to_bits(), plain.to_bits());
+            for (kernel, sequential) in sequential_kernels() {
+                prop_assert_eq!(sequential(0.0, &r, sub, &bm).to_bits(), plain.to_bits(), "{}", kernel);
+                // Continued over a split at a block boundary.
+                let cut = (r.len() / 2) / BLOCK * BLOCK;
+                let first = sequential(0.0, &r[..cut], sub, &bm[..cut / BLOCK]);
+                let rest = sequential(first, &r[cut..], sub, &bm[cut / BLOCK..]);
+                prop_assert_eq!(rest.to_bits(), plain.to_bits(), "{} split", kernel);
+            }
         }
 
         /// The AVX2 kernel adds the weights of a binade as integers (see its docs): rows where
@@ -844,7 +854,9 @@ mod tests {
             let mut bm = Vec::new();
             portable::summarize(&r, &mut bm);
             prop_assert_eq!(portable::exp_sum_sequential(start, &r, sub, &bm).to_bits(), plain.to_bits());
-            prop_assert_eq!(exp_sum_sequential(start, &r, sub, &bm).to_bits(), plain.to_bits());
+            for (kernel, sequential) in sequential_kernels() {
+                prop_assert_eq!(sequential(start, &r, sub, &bm).to_bits(), plain.to_bits(), "{}", kernel);
+            }
         }
 
         #[test]
@@ -937,7 +949,13 @@ mod tests {
             }
             let mut bm = Vec::new();
             summarize(&r, &mut bm);
-            assert_eq!(exp_sum_sequential(start, &r, 0.0, &bm).to_bits(), plain.to_bits(), "start {start}, {n} ones");
+            for (kernel, sequential) in sequential_kernels() {
+                assert_eq!(
+                    sequential(start, &r, 0.0, &bm).to_bits(),
+                    plain.to_bits(),
+                    "{kernel}: start {start}, {n} ones"
+                );
+            }
             assert_eq!(portable::exp_sum_sequential(start, &r, 0.0, &bm).to_bits(), plain.to_bits());
         }
     }
@@ -973,6 +991,24 @@ mod tests {
         for (&x, &g) in xs.iter().zip(&got) {
             assert_eq!(g.to_bits(), x.exp().to_bits(), "expf({x:e})");
         }
+    }
+
+    type SequentialKernel = fn(f32, &[f32], f32, &[f32]) -> f32;
+
+    /// The dispatched sequential sum and, where this CPU runs them with the exact `expf`
+    /// replica, each SIMD kernel directly (the dispatch picks only one).
+    fn sequential_kernels() -> Vec<(&'static str, SequentialKernel)> {
+        let mut kernels: Vec<(&'static str, SequentialKernel)> = vec![("dispatched", exp_sum_sequential)];
+        #[cfg(target_arch = "x86_64")]
+        if vectorised_exp() {
+            // SAFETY: `vectorised_exp` implies AVX2 and FMA were detected.
+            kernels.push(("avx2", |st, r, sub, bm| unsafe { avx2::exp_sum_sequential(st, r, sub, bm) }));
+            if avx512_available() {
+                // SAFETY: AVX-512F, POPCNT, AVX2 and FMA were detected just above.
+                kernels.push(("avx512", |st, r, sub, bm| unsafe { avx512::exp_sum_sequential(st, r, sub, bm) }));
+            }
+        }
+        kernels
     }
 
     type ApproxKernel = fn(&[f32], f32, f32, &mut [f64]) -> f64;
