@@ -1,5 +1,6 @@
 //! Writes `BENCHMARKS.md`: every workload at every vocabulary size, tokensieve beside the floor
-//! and each peer's time as a multiple of tokensieve's.
+//! and each peer's time as a multiple of tokensieve's, and the batch throughput on one and two
+//! threads.
 //!
 //! ```text
 //! cargo run -p tokensieve-bench --release --bin report -- [--vocab 32000,128256,151936,262144]
@@ -8,7 +9,9 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use tokensieve::arch;
+use std::time::Instant;
+use tokensieve::sampler::BuildContext;
+use tokensieve::{arch, batch, bench_rows, Chain, Logits, LogitsBatch, RngConfig};
 use tokensieve_bench::{row, time_per_token, tokensieve_transformers_runner, Peer, Workload};
 
 struct Args {
@@ -173,6 +176,7 @@ fn main() {
         }
     }
     let _ = writeln!(md);
+    batch_section(&mut md, args.seconds);
     // Keep the grammar benchmark's section (written by the `grammar` binary).
     if let Ok(old) = std::fs::read_to_string(&args.out) {
         if let Some(at) = old.find("## Grammar masks") {
@@ -184,4 +188,57 @@ fn main() {
         std::process::exit(1);
     }
     eprintln!("wrote {}", args.out.display());
+}
+
+/// The batch target: 64 different rows of V = 128,256, llama.cpp's default chain (one chain
+/// per row), sampled by `tokensieve::batch::sample` in a rayon pool of 1 and of 2 threads,
+/// the two timed alternately so that both see the same machine. Tokens per second from the
+/// median batch time.
+fn batch_section(md: &mut String, seconds: f64) {
+    const ROWS: usize = 64;
+    const V: usize = 128_256;
+    let spec = Workload::Default.spec();
+    eprintln!("batch {ROWS} x {V}");
+    let flat: Vec<f32> = (0..ROWS).flat_map(|i| bench_rows::row(bench_rows::Shape::Peaked, V, i as u64)).collect();
+    let rows = LogitsBatch::new(Logits::F32(&flat), ROWS, V).expect("a well-formed batch");
+    let mut chains: Vec<Chain> = (0..ROWS)
+        .map(|i| {
+            let ctx = BuildContext::new(V, RngConfig::philox(42).with_sequence(i as u32));
+            Chain::from_spec(spec, &ctx).expect("the default chain builds")
+        })
+        .collect();
+    let pools: Vec<rayon::ThreadPool> = [1, 2]
+        .iter()
+        .map(|&t| rayon::ThreadPoolBuilder::new().num_threads(t).build().expect("a thread pool"))
+        .collect();
+    let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let start = Instant::now();
+    let mut rounds = 0;
+    // Warm-up rounds first (not recorded), then at least 20 rounds and `4 × seconds`.
+    while rounds < 25 || start.elapsed().as_secs_f64() < 4.0 * seconds {
+        for (pool, t) in pools.iter().zip(times.iter_mut()) {
+            let clock = Instant::now();
+            for token in pool.install(|| batch::sample(&mut chains, &rows)).expect("a valid batch") {
+                std::hint::black_box(token.expect("a token"));
+            }
+            if rounds >= 5 {
+                t.push(clock.elapsed().as_secs_f64());
+            }
+        }
+        rounds += 1;
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (one, two) = (median(&mut times[0]), median(&mut times[1]));
+    let _ = writeln!(
+        md,
+        "## Batch\n\n{ROWS} different rows of V = {V} (`tokensieve::bench_rows` peaked), `{spec}`, one chain per row, `tokensieve::batch::sample` in a rayon pool; the pools of 1 and 2 threads timed alternately, median of {} batches each. The target is 2 threads >= 1.8× the 1-thread throughput.\n\n| threads | ms per batch | tokens/s | × 1 thread |\n|---:|---:|---:|---:|",
+        times[0].len()
+    );
+    for (threads, t) in [(1, one), (2, two)] {
+        let _ = writeln!(md, "| {threads} | {:.2} | {:.0} | {:.2}× |", t * 1e3, ROWS as f64 / t, one / t);
+    }
+    let _ = writeln!(md);
 }
