@@ -211,18 +211,29 @@ fn batch_section(md: &mut String, seconds: f64) {
         .iter()
         .map(|&t| rayon::ThreadPoolBuilder::new().num_threads(t).build().expect("a thread pool"))
         .collect();
-    let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    // Per pool: the sampler's batch times, and the floor's (one max pass per row, split over
+    // the pool's threads the same way): the machine's own scaling, as a control.
+    let mut times: [(Vec<f64>, Vec<f64>); 2] = Default::default();
     let start = Instant::now();
     let mut rounds = 0;
     // Warm-up rounds first (not recorded), then at least 20 rounds and `4 × seconds`.
     while rounds < 25 || start.elapsed().as_secs_f64() < 4.0 * seconds {
-        for (pool, t) in pools.iter().zip(times.iter_mut()) {
+        for (pool, (t, f)) in pools.iter().zip(times.iter_mut()) {
             let clock = Instant::now();
             for token in pool.install(|| batch::sample(&mut chains, &rows)).expect("a valid batch") {
                 std::hint::black_box(token.expect("a token"));
             }
+            let sampled = clock.elapsed().as_secs_f64();
+            let clock = Instant::now();
+            pool.install(|| {
+                use rayon::prelude::*;
+                flat.par_chunks(V).for_each(|r| {
+                    std::hint::black_box(arch::max(std::hint::black_box(r)));
+                })
+            });
             if rounds >= 5 {
-                t.push(clock.elapsed().as_secs_f64());
+                t.push(sampled);
+                f.push(clock.elapsed().as_secs_f64());
             }
         }
         rounds += 1;
@@ -231,14 +242,23 @@ fn batch_section(md: &mut String, seconds: f64) {
         v.sort_by(|a, b| a.total_cmp(b));
         v[v.len() / 2]
     };
-    let (one, two) = (median(&mut times[0]), median(&mut times[1]));
+    let medians: Vec<(f64, f64)> = times.iter_mut().map(|(t, f)| (median(t), median(f))).collect();
     let _ = writeln!(
         md,
-        "## Batch\n\n{ROWS} different rows of V = {V} (`tokensieve::bench_rows` peaked), `{spec}`, one chain per row, `tokensieve::batch::sample` in a rayon pool; the pools of 1 and 2 threads timed alternately, median of {} batches each. The target is 2 threads >= 1.8× the 1-thread throughput.\n\n| threads | ms per batch | tokens/s | × 1 thread |\n|---:|---:|---:|---:|",
-        times[0].len()
+        "## Batch\n\n{ROWS} different rows of V = {V} (`tokensieve::bench_rows` peaked), `{spec}`, one chain per row, `tokensieve::batch::sample` in a rayon pool; the pools of 1 and 2 threads timed alternately, median of {} batches each. The target is 2 threads >= 1.8× the 1-thread throughput. The floor columns time one max pass per row in the same pool: how far this machine itself scales to a second thread.\n\n| threads | ms per batch | tokens/s | × 1 thread | floor ms per batch | floor × 1 thread |\n|---:|---:|---:|---:|---:|---:|",
+        times[0].0.len()
     );
-    for (threads, t) in [(1, one), (2, two)] {
-        let _ = writeln!(md, "| {threads} | {:.2} | {:.0} | {:.2}× |", t * 1e3, ROWS as f64 / t, one / t);
+    let (one, floor_one) = medians[0];
+    for (threads, &(t, f)) in [1, 2].iter().zip(&medians) {
+        let _ = writeln!(
+            md,
+            "| {threads} | {:.2} | {:.0} | {:.2}× | {:.2} | {:.2}× |",
+            t * 1e3,
+            ROWS as f64 / t,
+            one / t,
+            f * 1e3,
+            floor_one / f
+        );
     }
     let _ = writeln!(md);
 }
