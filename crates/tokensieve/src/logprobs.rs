@@ -17,7 +17,7 @@
 //! f64 exponentials.
 //!
 //! That f32 sum is short of the exact one by the row's tail: once the running sum holds the
-//! maximum's weight 1, each weight below half an ulp of it (`logit - max` below about -17.3)
+//! maximum's weight 1, each weight below half an ulp of it (`logit - max` below about -16.6)
 //! leaves it unchanged, however many there are. On language-model-like rows
 //! (`bench_rows` peaked, entropy 1.5 nats) the shortfall is `9.7e-5` of the sum at V = 32,000,
 //! `3.2e-5` at 128,256 and `1.6e-5` at 262,144, so raw logprobs sit that many nats above the
