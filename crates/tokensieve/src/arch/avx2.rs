@@ -418,7 +418,7 @@ pub unsafe fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<
 // ------------------------------------------------------------------------------- expf
 
 /// glibc's `__exp2f_data.tab`: `asuint64(2^(i/32)) - (i << 47)`.
-static EXP2F_TAB: [u64; 32] = [
+pub(super) static EXP2F_TAB: [u64; 32] = [
     0x3ff0000000000000,
     0x3fefd9b0d3158574,
     0x3fefb5586cf9890f,
@@ -454,7 +454,19 @@ static EXP2F_TAB: [u64; 32] = [
 ];
 
 /// `expf` underflows to +0 below this (glibc: `x < -0x1.9fe368p6f`, i.e. below log(2^-150)).
-const EXPF_UFLOW: f32 = -103.972_08;
+pub(super) const EXPF_UFLOW: f32 = -103.972_08;
+
+/// glibc's `expf` constants: `32/ln 2` (`InvLn2N`), the rounding shift `0x1.8p52` and the cubic's
+/// coefficients `C[0..3]` scaled to the table's `N = 32`, as in its `__exp2f_data`.
+pub(super) const EXPF_INV_LN2_N: f64 = f64::from_bits(0x3ff7_1547_652b_82fe) * 32.0;
+/// See [`EXPF_INV_LN2_N`].
+pub(super) const EXPF_SHIFT: f64 = f64::from_bits(0x4338_0000_0000_0000);
+/// See [`EXPF_INV_LN2_N`].
+pub(super) const EXPF_POLY: [f64; 3] = [
+    f64::from_bits(0x3fac_6af8_4b91_2394) / 32768.0,
+    f64::from_bits(0x3fce_bfce_50fa_c4f3) / 1024.0,
+    f64::from_bits(0x3fe6_2e42_ff0c_52d6) / 32.0,
+];
 
 /// glibc's `__expf` main path on 4 lanes (`x` widened to double), before the final rounding
 /// to f32: `z = x·32/ln2 = k + r`, `2^(k/32)` from the table and the exponent bits, a cubic in
@@ -463,11 +475,9 @@ const EXPF_UFLOW: f32 = -103.972_08;
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn expf_core(xd: __m256d) -> __m256d {
-    let inv_ln2_n = _mm256_set1_pd(f64::from_bits(0x3ff7_1547_652b_82fe) * 32.0);
-    let shift = _mm256_set1_pd(f64::from_bits(0x4338_0000_0000_0000)); // 0x1.8p52
-    let c0 = _mm256_set1_pd(f64::from_bits(0x3fac_6af8_4b91_2394) / 32768.0);
-    let c1 = _mm256_set1_pd(f64::from_bits(0x3fce_bfce_50fa_c4f3) / 1024.0);
-    let c2 = _mm256_set1_pd(f64::from_bits(0x3fe6_2e42_ff0c_52d6) / 32.0);
+    let inv_ln2_n = _mm256_set1_pd(EXPF_INV_LN2_N);
+    let shift = _mm256_set1_pd(EXPF_SHIFT);
+    let [c0, c1, c2] = EXPF_POLY.map(|c| _mm256_set1_pd(c));
     let kd_shifted = _mm256_fmadd_pd(inv_ln2_n, xd, shift);
     let ki = _mm256_castpd_si256(kd_shifted);
     let kd = _mm256_sub_pd(kd_shifted, shift);
@@ -565,23 +575,40 @@ pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &
     exp_sum_sequential_with::<Avx2Scan>(start, row, sub, block_max)
 }
 
-/// How [`exp_sum_sequential_with`] finds and queues the entries of a whole block at or above
-/// the threshold: 8 lanes at a time here, 16 in [`super::avx512`]. The queued values, and so
-/// the sum, are the same either way.
+/// How [`exp_sum_sequential_with`] finds, queues and adds the entries of whole blocks: 8 lanes
+/// at a time here, 16 in [`super::avx512`]. The queued values, and so the sum, are the same
+/// either way.
 pub(super) trait BlockScan {
     /// Per-vector selection masks.
     type Masks: Copy;
+    /// Bit `j` set when `maxima[j] >= threshold`: which blocks of a [`GROUP`] can hold an
+    /// entry at or above the threshold.
+    unsafe fn passing(maxima: &[f32; GROUP], threshold: f32) -> u32;
     /// The masks of the entries `>= threshold`, and how many there are.
     unsafe fn select(block: &[f32; BLOCK], threshold: f32) -> (Self::Masks, usize);
     /// Writes the selected entries, in order, to the start of `dst` (which has room for
     /// [`BLOCK`] + 8 values; what lies past the count is garbage); returns the count.
     unsafe fn pack(block: &[f32; BLOCK], masks: Self::Masks, dst: &mut [f32]) -> usize;
+    /// [`add_group`]'s result, bit for bit (`xs` as there).
+    unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32;
 }
+
+/// Blocks whose maxima [`exp_sum_sequential_with`] compares with the threshold at once.
+pub(super) const GROUP: usize = 16;
 
 struct Avx2Scan;
 
 impl BlockScan for Avx2Scan {
     type Masks = [u8; BLOCK / 8];
+
+    #[inline(always)]
+    unsafe fn passing(maxima: &[f32; GROUP], threshold: f32) -> u32 {
+        let t = _mm256_set1_ps(threshold);
+        // SAFETY: `maxima` holds 16 floats: two vectors of 8.
+        let lo = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_loadu_ps(maxima.as_ptr()), t);
+        let hi = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_loadu_ps(maxima.as_ptr().add(8)), t);
+        _mm256_movemask_ps(lo) as u32 | (_mm256_movemask_ps(hi) as u32) << 8
+    }
 
     #[inline(always)]
     unsafe fn select(block: &[f32; BLOCK], threshold: f32) -> (Self::Masks, usize) {
@@ -614,10 +641,20 @@ impl BlockScan for Avx2Scan {
         }
         n
     }
+
+    #[inline(always)]
+    unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
+        add_group(sum, xs, sub)
+    }
 }
 
 /// [`exp_sum_sequential`] with the block scan `S`; inlined into each caller, which is compiled
 /// with the target features `S` needs.
+///
+/// PERF: the blocks are tested against the threshold a [`GROUP`] of maxima at a time (one or
+/// two vector compares), and only the passing ones are visited, by their set bits. On
+/// language-model rows the share of blocks that pass is far from 0 and 1 (about 60% at
+/// V = 128k), so a test-and-branch per block was mispredicted about every other block.
 #[inline(always)]
 pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
     start: f32,
@@ -631,6 +668,9 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
     let mut sum = start;
     let mut bound = super::log_half_ulp(sum);
     let mut threshold = super::skip_threshold(sub, bound);
+    // The largest maximum of the passing blocks visited so far. A skipped block's maximum
+    // `bm` is left out: `bm < threshold` gives `expf(bm - sub) < ` half an ulp of the sum's
+    // lower bound, below the bound itself, so it could not have raised it.
     let mut prefix_max = f32::NEG_INFINITY;
     // Two queues: one fills while the other, full, waits until the first is full too. Adding
     // entries right after packing them would load them while their overlapping stores are
@@ -649,54 +689,68 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
             *threshold = super::skip_threshold(sub, b);
         }
     };
-    for (&bm, block) in block_max.iter().zip(row.chunks(BLOCK)) {
-        if bm > prefix_max {
-            raise((prefix_max - sub).exp(), &mut bound, &mut threshold);
-            prefix_max = bm;
-        }
-        if bm - sub < bound {
-            continue;
-        }
-        if let Ok(whole) = <&[f32; BLOCK]>::try_from(block) {
-            let (masks, count) = S::select(whole, threshold);
-            if count >= DENSE {
-                // In order: what is queued comes first.
-                if waiting > 0 {
-                    sum = add_queued(sum, &mut queues[1 - cur], waiting, sub);
-                    waiting = 0;
-                }
-                if n > 0 {
-                    sum = add_queued(sum, &mut queues[cur], n, sub);
-                    n = 0;
-                }
-                sum = add_group(sum, block, sub);
-                raise(sum, &mut bound, &mut threshold);
+    for (g, maxima) in block_max.chunks(GROUP).enumerate() {
+        // Blocks below the threshold hold no entry at or above it. The threshold only rises,
+        // so a block that fails now would fail later in the group too.
+        let mut passing = match <&[f32; GROUP]>::try_from(maxima) {
+            Ok(whole) => S::passing(whole, threshold),
+            Err(_) => maxima.iter().enumerate().fold(0, |m, (j, &bm)| m | ((bm >= threshold) as u32) << j),
+        };
+        while passing != 0 {
+            let j = passing.trailing_zeros() as usize;
+            passing &= passing - 1;
+            let bm = maxima[j];
+            if bm > prefix_max {
+                raise((prefix_max - sub).exp(), &mut bound, &mut threshold);
+                prefix_max = bm;
+            }
+            // The threshold may have risen since the group's test.
+            if bm < threshold {
                 continue;
             }
-            n += S::pack(whole, masks, &mut queues[cur][n..]);
-        } else {
-            let vals = &mut queues[cur];
-            for &x in block {
-                if x >= threshold {
-                    vals[n] = x;
-                    n += 1;
+            let first = (g * GROUP + j) * BLOCK;
+            let block = &row[first..row.len().min(first + BLOCK)];
+            if let Ok(whole) = <&[f32; BLOCK]>::try_from(block) {
+                let (masks, count) = S::select(whole, threshold);
+                if count >= DENSE {
+                    // In order: what is queued comes first.
+                    if waiting > 0 {
+                        sum = add_queued::<S>(sum, &mut queues[1 - cur], waiting, sub);
+                        waiting = 0;
+                    }
+                    if n > 0 {
+                        sum = add_queued::<S>(sum, &mut queues[cur], n, sub);
+                        n = 0;
+                    }
+                    sum = S::add_group(sum, block, sub);
+                    raise(sum, &mut bound, &mut threshold);
+                    continue;
+                }
+                n += S::pack(whole, masks, &mut queues[cur][n..]);
+            } else {
+                let vals = &mut queues[cur];
+                for &x in block {
+                    if x >= threshold {
+                        vals[n] = x;
+                        n += 1;
+                    }
                 }
             }
-        }
-        if n >= QUEUE {
-            if waiting > 0 {
-                sum = add_queued(sum, &mut queues[1 - cur], waiting, sub);
-                raise(sum, &mut bound, &mut threshold);
+            if n >= QUEUE {
+                if waiting > 0 {
+                    sum = add_queued::<S>(sum, &mut queues[1 - cur], waiting, sub);
+                    raise(sum, &mut bound, &mut threshold);
+                }
+                waiting = n;
+                n = 0;
+                cur = 1 - cur;
             }
-            waiting = n;
-            n = 0;
-            cur = 1 - cur;
         }
     }
     if waiting > 0 {
-        sum = add_queued(sum, &mut queues[1 - cur], waiting, sub);
+        sum = add_queued::<S>(sum, &mut queues[1 - cur], waiting, sub);
     }
-    add_queued(sum, &mut queues[cur], n, sub)
+    add_queued::<S>(sum, &mut queues[cur], n, sub)
 }
 
 /// How many bits of each byte are set (`count_ones` without the `popcnt` feature compiles to
@@ -711,14 +765,14 @@ static POPCOUNT: [u8; 256] = {
     t
 };
 
-/// Adds the first `n` entries of `vals` ([`add_group`] per [`BLOCK`]), after padding them
-/// with -inf to a whole vector (`vals` must have room for it).
-#[target_feature(enable = "avx2,fma")]
-unsafe fn add_queued(mut sum: f32, vals: &mut [f32], n: usize, sub: f32) -> f32 {
+/// Adds the first `n` entries of `vals` (`S::add_group` per [`BLOCK`]), after padding them
+/// with -inf to a whole vector of 8 (`vals` must have room for it).
+#[inline(always)]
+unsafe fn add_queued<S: BlockScan>(mut sum: f32, vals: &mut [f32], n: usize, sub: f32) -> f32 {
     let padded = n.div_ceil(8) * 8;
     vals[n..padded].fill(f32::NEG_INFINITY);
     for group in vals[..padded].chunks(BLOCK) {
-        sum = add_group(sum, group, sub);
+        sum = S::add_group(sum, group, sub);
     }
     sum
 }

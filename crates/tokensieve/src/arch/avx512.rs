@@ -1,6 +1,6 @@
-//! AVX-512 versions of two kernels, 16 lanes instead of [`super::avx2`]'s 8: the approximate
+//! AVX-512 versions of three kernels, 16 lanes instead of [`super::avx2`]'s 8: the approximate
 //! block sums ([`super::exp_block_sums_approx`] and [`super::exp_block_sums_approx_at`]), behind
-//! `dist`'s and transformers `top_p`'s bounds, and the block scan of
+//! `dist`'s and transformers `top_p`'s bounds, and the block scan and the additions of
 //! [`super::exp_sum_sequential`] (llama.cpp's softmax sum; see [`exp_sum_sequential`] here).
 //!
 //! Every lane computes what an AVX2 lane computes, operation for operation (the same fused
@@ -9,18 +9,22 @@
 //! `approx_sums_error` carries over. Only the f32 lane sums are shorter (4 terms per
 //! lane and block instead of 8), which the bound's 7 roundings per lane already cover. The
 //! tests check the weights bit for bit against the AVX2 kernel and the sums against the bound.
+//! The same holds for the exact `expf` replica here ([`expf16`]): glibc's algorithm with
+//! AVX2's operations lane for lane, the table read by two permutes and a blend from registers
+//! instead of a gather from memory; the tests check it against the platform's `expf`.
 //!
 //! Every function is `unsafe` for one reason only: it is compiled with
 //! `#[target_feature(enable = "avx512f,avx2,fma")]` (and `popcnt` for the scan). SAFETY
 //! (callers): [`super`] calls these only after `is_x86_feature_detected!` returned true for
 //! `avx512f`, `popcnt`, `avx2` and `fma`.
-//! Inside, the only other unsafe operations are unaligned loads (`loadu`, no alignment
-//! requirement) whose bounds come from the block they read.
+//! Inside, the only other unsafe operations are unaligned loads and stores (`loadu`, `storeu`,
+//! their masked forms, no alignment requirement) whose bounds come from the slices they
+//! access.
 //!
-//! PERF: on the development machine (a Sapphire Rapids Xeon) this kernel sums 1.7 times as
-//! many weights per second as the AVX2 one.
+//! PERF: on the development machine (a Sapphire Rapids Xeon) the approximate kernel sums 1.7
+//! times as many weights per second as the AVX2 one.
 
-use super::avx2::{APPROX_Y_MIN, EXP2_POLY};
+use super::avx2::{APPROX_Y_MIN, EXP2F_TAB, EXP2_POLY, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT, EXPF_UFLOW, GROUP};
 use super::BLOCK;
 use std::arch::x86_64::*;
 
@@ -134,10 +138,10 @@ unsafe fn approx_sums(src: &[f32], div: f32, sub: f32, ids: impl Iterator<Item =
     super::approx_sums_error(_mm512_reduce_add_pd(total), _mm512_reduce_add_pd(weighted), sub, entries)
 }
 
-/// See [`super::exp_sum_sequential`]: [`super::avx2`]'s algorithm, the same entries queued in
-/// the same order (so the same sum, bit for bit), with each block scanned 16 lanes at a time:
-/// a compare into a mask register and a compress per vector, where AVX2 needs a movemask, a
-/// table lookup and a permute per 8 entries.
+/// See [`super::exp_sum_sequential`]: [`super::avx2`]'s algorithm, the same sum bit for bit,
+/// with each block scanned 16 lanes at a time (a compare into a mask register and a compress
+/// per vector, where AVX2 needs a movemask, a table lookup and a permute per 8 entries) and
+/// the weights computed and added 16 at a time ([`add_group`]).
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
@@ -150,6 +154,17 @@ struct Avx512Scan;
 
 impl super::avx2::BlockScan for Avx512Scan {
     type Masks = [u16; BLOCK / 16];
+
+    #[inline(always)]
+    unsafe fn passing(maxima: &[f32; GROUP], threshold: f32) -> u32 {
+        // SAFETY: `maxima` holds 16 floats.
+        _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_loadu_ps(maxima.as_ptr()), _mm512_set1_ps(threshold)) as u32
+    }
+
+    #[inline(always)]
+    unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
+        add_group(sum, xs, sub)
+    }
 
     #[inline(always)]
     unsafe fn select(block: &[f32; BLOCK], threshold: f32) -> (Self::Masks, usize) {
@@ -178,4 +193,133 @@ impl super::avx2::BlockScan for Avx512Scan {
         }
         n
     }
+}
+
+// ------------------------------------------------------------------------------- expf
+
+/// The constants of [`expf16`], set once per kernel call: glibc's table as four vectors of 8
+/// (`EXP2F_TAB[8i..8i + 8]`) and the scalars of [`super::avx2`]'s `expf_core`.
+struct ExpfConsts {
+    table: [__m512i; 4],
+    inv_ln2_n: __m512d,
+    shift: __m512d,
+    poly: [__m512d; 3],
+    one: __m512d,
+    underflow: __m512,
+}
+
+impl ExpfConsts {
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[inline]
+    unsafe fn new() -> Self {
+        // SAFETY: EXP2F_TAB holds 32 u64: four vectors of 8.
+        let row = |i: usize| _mm512_loadu_si512(EXP2F_TAB.as_ptr().add(8 * i) as *const _);
+        Self {
+            table: [row(0), row(1), row(2), row(3)],
+            inv_ln2_n: _mm512_set1_pd(EXPF_INV_LN2_N),
+            shift: _mm512_set1_pd(EXPF_SHIFT),
+            poly: EXPF_POLY.map(|c| _mm512_set1_pd(c)),
+            one: _mm512_set1_pd(1.0),
+            underflow: _mm512_set1_ps(EXPF_UFLOW),
+        }
+    }
+}
+
+/// [`super::avx2`]'s `expf_core` on 8 lanes: the same operations lane for lane. The table entry
+/// `i = k mod 32` comes from registers: the low 4 bits of `k` pick one of 16 entries in each
+/// half of the table (`vpermi2q` reads bits 0 to 3 of each index), bit 4 picks the half.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn expf_core(xd: __m512d, c: &ExpfConsts) -> __m512d {
+    let kd_shifted = _mm512_fmadd_pd(c.inv_ln2_n, xd, c.shift);
+    let ki = _mm512_castpd_si512(kd_shifted);
+    let kd = _mm512_sub_pd(kd_shifted, c.shift);
+    let r = _mm512_fmsub_pd(c.inv_ln2_n, xd, kd);
+    let low = _mm512_permutex2var_epi64(c.table[0], ki, c.table[1]);
+    let high = _mm512_permutex2var_epi64(c.table[2], ki, c.table[3]);
+    let t = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(ki, _mm512_set1_epi64(16)), low, high);
+    let s = _mm512_castsi512_pd(_mm512_add_epi64(t, _mm512_slli_epi64::<47>(ki)));
+    let z = _mm512_fmadd_pd(c.poly[0], r, c.poly[1]);
+    let r2 = _mm512_mul_pd(r, r);
+    let y = _mm512_fmadd_pd(c.poly[2], r, c.one);
+    let y = _mm512_fmadd_pd(z, r2, y);
+    _mm512_mul_pd(y, s)
+}
+
+/// `expf(x)` on 16 lanes, for `x <= 0` or `-inf`: [`super::avx2`]'s `expf8`, lane for lane.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn expf16(x: __m512, c: &ExpfConsts) -> __m512 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+    let lo = _mm512_cvtpd_ps(expf_core(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), c));
+    let hi = _mm512_cvtpd_ps(expf_core(_mm512_cvtps_pd(hi), c));
+    let y = _mm512_insertf64x4::<1>(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi));
+    let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, c.underflow);
+    _mm512_maskz_mov_ps(!under, _mm512_castpd_ps(y))
+}
+
+/// `expf(x)` for each `x` of `src` (each `<= 0` or `-inf`) into `out`, with [`expf16`], for
+/// the tests.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2 and FMA.
+#[cfg(test)]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn expf_each(src: &[f32], out: &mut [f32]) {
+    let c = ExpfConsts::new();
+    for (s, o) in src.chunks(16).zip(out.chunks_mut(16)) {
+        let lanes = ((1u32 << s.len()) - 1) as u16;
+        // SAFETY: the masked load and store touch only the `s.len() <= 16` lanes of `s`, `o`.
+        let x = _mm512_mask_loadu_ps(_mm512_setzero_ps(), lanes, s.as_ptr());
+        _mm512_mask_storeu_ps(o.as_mut_ptr(), lanes, expf16(x, &c));
+    }
+}
+
+/// [`super::avx2`]'s `add_group` (see there for the method and its proof) on 16 lanes: the
+/// same weights, the same integer increments `k` per lane and the same tie and range tests, so
+/// the same result bit for bit (integer totals and the OR of the tie flags do not depend on
+/// how the lanes are grouped). `xs` holds a multiple of 8 and at most [`BLOCK`] entries; a
+/// last half vector is loaded masked, its other lanes as `-inf` (weight 0, increment 0).
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn add_group(mut sum: f32, xs: &[f32], sub: f32) -> f32 {
+    debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
+    let c = ExpfConsts::new();
+    let s = _mm512_set1_ps(sub);
+    let bits = sum.to_bits();
+    let e = bits >> 23; // the biased exponent (the sign bit is 0)
+    let fast = (25..=254).contains(&e);
+    // 1/u = 2^(150 - e): biased exponent 277 - e, within 23..=252 where `fast`.
+    let scale = _mm512_set1_ps(if fast { f32::from_bits((277 - e) << 23) } else { 1.0 });
+    let magic = _mm512_set1_ps((1u32 << 23) as f32);
+    let ymax = _mm512_set1_ps(((1u32 << 24) + 2) as f32);
+    let half = _mm512_set1_ps(0.5);
+    let min_normal = _mm512_set1_epi32(0x007f_ffff);
+    let absent = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut w = [0.0f32; BLOCK];
+    let mut k = _mm512_setzero_si512();
+    let mut off: u16 = 0;
+    for first in (0..xs.len()).step_by(16) {
+        let lanes: u16 = if xs.len() - first >= 16 { 0xffff } else { 0x00ff };
+        // SAFETY: `lanes` covers only entries of `xs` (whose length is a multiple of 8), and
+        // `w` has room for as many.
+        let x = _mm512_mask_loadu_ps(absent, lanes, xs.as_ptr().add(first));
+        let wv = expf16(_mm512_sub_ps(x, s), &c);
+        _mm512_mask_storeu_ps(w.as_mut_ptr().add(first), lanes, wv);
+        let wn = _mm512_maskz_mov_ps(_mm512_cmpgt_epi32_mask(_mm512_castps_si512(wv), min_normal), wv);
+        let y = _mm512_min_ps(_mm512_fmadd_ps(wn, scale, magic), ymax);
+        let r = _mm512_sub_ps(y, magic);
+        let d = _mm512_abs_ps(_mm512_fmsub_ps(wn, scale, r));
+        off |= _mm512_cmp_ps_mask::<_CMP_GE_OQ>(d, half);
+        k = _mm512_add_epi32(k, _mm512_sub_epi32(_mm512_castps_si512(y), _mm512_castps_si512(magic)));
+    }
+    if fast && off == 0 {
+        let total = _mm512_reduce_add_epi32(k) as u32;
+        if total <= (1 << 23) - (bits & 0x7f_ffff) {
+            return f32::from_bits(bits + total);
+        }
+    }
+    for &x in &w[..xs.len()] {
+        sum += x;
+    }
+    sum
 }

@@ -987,10 +987,26 @@ mod tests {
             -104.0,
         ]);
         let mut got = vec![0.0; xs.len()];
-        exp_shifted(&xs, 1.0, 0.0, &mut got);
-        for (&x, &g) in xs.iter().zip(&got) {
-            assert_eq!(g.to_bits(), x.exp().to_bits(), "expf({x:e})");
+        for (kernel, expf) in exact_expf_kernels() {
+            expf(&xs, &mut got);
+            for (&x, &g) in xs.iter().zip(&got) {
+                assert_eq!(g.to_bits(), x.exp().to_bits(), "{kernel}: expf({x:e})");
+            }
         }
+    }
+
+    type ExpfKernel = fn(&[f32], &mut [f32]);
+
+    /// The exact `expf` replicas this CPU runs: the dispatched `exp_shifted` (AVX2's 8 lanes
+    /// or the platform's `expf`) and, with AVX-512, the 16-lane one behind the sequential sum.
+    fn exact_expf_kernels() -> Vec<(&'static str, ExpfKernel)> {
+        let mut kernels: Vec<(&'static str, ExpfKernel)> = vec![("dispatched", |x, o| exp_shifted(x, 1.0, 0.0, o))];
+        #[cfg(target_arch = "x86_64")]
+        if vectorised_exp() && avx512_available() {
+            // SAFETY: AVX-512F, AVX2 and FMA were detected just above.
+            kernels.push(("avx512", |x, o| unsafe { avx512::expf_each(x, o) }));
+        }
+        kernels
     }
 
     type SequentialKernel = fn(f32, &[f32], f32, &[f32]) -> f32;
@@ -1148,9 +1164,11 @@ mod tests {
                 src.push(f32::from_bits(b));
                 b += 1;
             }
-            exp_shifted(&src, 1.0, 0.0, &mut out[..src.len()]);
-            for (&x, &g) in src.iter().zip(&out) {
-                assert_eq!(g.to_bits(), x.exp().to_bits(), "expf({x:e}) bits {:#x}", x.to_bits());
+            for (kernel, expf) in exact_expf_kernels() {
+                expf(&src, &mut out[..src.len()]);
+                for (&x, &g) in src.iter().zip(&out) {
+                    assert_eq!(g.to_bits(), x.exp().to_bits(), "{kernel}: expf({x:e}) bits {:#x}", x.to_bits());
+                }
             }
         }
     }
