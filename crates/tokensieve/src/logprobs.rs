@@ -174,27 +174,55 @@ fn top_from_blocks(chunk: &[f32], maxima: &[f32], base: u32, n: usize, out: &mut
     if n <= MAX_RANKED && maxima.len() >= n {
         // The `n` largest block maxima, descending.
         let mut best = [f32::NEG_INFINITY; MAX_RANKED];
-        for &bm in maxima {
-            if bm > best[n - 1] {
-                let pos = best[..n - 1].partition_point(|&b| b >= bm);
-                best.copy_within(pos..n - 1, pos + 1);
-                best[pos] = bm;
+        for group in maxima.chunks(SKIP_GROUP) {
+            // `bm > best[n - 1]` is `!(bm < next_up)` but for NaN.
+            if !any_not_below(group, best[n - 1].next_up()) {
+                continue;
+            }
+            for &bm in group {
+                if bm > best[n - 1] {
+                    // Insertion into the sorted prefix, after the maxima equal to `bm`.
+                    let mut i = n - 1;
+                    while i > 0 && best[i - 1] < bm {
+                        best[i] = best[i - 1];
+                        i -= 1;
+                    }
+                    best[i] = bm;
+                }
             }
         }
         tau = best[n - 1];
     }
-    for (b, &bm) in maxima.iter().enumerate() {
-        let floor = if top_len_below(out, n) { tau } else { tau.max(out[n - 1].logprob) };
-        if bm < floor {
+    let floor = |out: &[TokenLogprob]| if top_len_below(out, n) { tau } else { tau.max(out[n - 1].logprob) };
+    for (g, group) in maxima.chunks(SKIP_GROUP).enumerate() {
+        if !any_not_below(group, floor(out)) {
             continue;
         }
-        let start = b * BLOCK;
-        let block = &chunk[start..(start + BLOCK).min(chunk.len())];
-        arch::for_each_ge(block, floor, |i, v| {
-            // `floor` only rises as the top fills: re-checked by `push_top`.
-            push_top(out, n, v, base + (start + i) as u32);
-        });
+        for (j, &bm) in group.iter().enumerate() {
+            let floor = floor(out);
+            if bm < floor {
+                continue;
+            }
+            let start = (g * SKIP_GROUP + j) * BLOCK;
+            let block = &chunk[start..(start + BLOCK).min(chunk.len())];
+            arch::for_each_ge(block, floor, |i, v| {
+                // `floor` only rises as the top fills: re-checked by `push_top`.
+                push_top(out, n, v, base + (start + i) as u32);
+            });
+        }
     }
+}
+
+/// Block maxima that [`top_from_blocks`] tests at once before visiting any of them one by one.
+const SKIP_GROUP: usize = 16;
+
+/// Whether some `x` of `xs` is not below `t` (`!(x < t)`: NaN counts). PERF: no early exit, so
+/// the loop compiles to vector compares, and on a language-model row nearly every group of
+/// block maxima is below the top-n bound: one predictable branch per group instead of one per
+/// block.
+#[inline]
+fn any_not_below(xs: &[f32], t: f32) -> bool {
+    xs.iter().fold(false, |any, &x| any | !(x < t))
 }
 
 fn top_len_below(top: &[TokenLogprob], n: usize) -> bool {
