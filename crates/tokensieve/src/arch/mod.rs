@@ -20,7 +20,9 @@
 //! * [`locate_max`]: [`summarize`] without the block maxima (validation, the maximum and its
 //!   first block), in fewer operations per entry: all that `greedy` needs.
 //! * [`argmax`]: the first index of the maximum.
-//! * [`gather_ge`]: the entries of a block at or above a threshold, in index order.
+//! * [`gather_ge`]: the entries of a block at or above a threshold, in index order;
+//!   [`gather_blocks_ge`]: the same over a whole row, visiting only the blocks whose maximum
+//!   reaches the threshold.
 //! * [`exp_shifted`] / [`exp_shifted_sum`]: `expf(x / div - sub)`, **bit for bit** the
 //!   platform's `expf` (see below), stored or summed in f64.
 //!
@@ -252,6 +254,19 @@ pub fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<TokenDa
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::gather_ge(block, base, threshold, out) },
         _ => portable::gather_ge(block, base, threshold, out),
+    }
+}
+
+/// Appends `(i, row[i], p = 0)` for every `i` with `row[i] >= threshold`, in index order,
+/// reading only the [`BLOCK`]s whose maximum reaches the threshold. `block_max` must hold the
+/// maxima of the blocks of `row` (as [`summarize`] writes them).
+pub fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, out: &mut Vec<TokenData>) {
+    assert_eq!(block_max.len(), row.len().div_ceil(BLOCK), "gather_blocks_ge: wrong block count");
+    match caps().isa {
+        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::gather_blocks_ge(row, block_max, threshold, out) },
+        _ => portable::gather_blocks_ge(row, block_max, threshold, out),
     }
 }
 
@@ -539,6 +554,15 @@ pub mod portable {
         }
     }
 
+    /// See [`super::gather_blocks_ge`].
+    pub fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, out: &mut Vec<TokenData>) {
+        for (b, (&bm, block)) in block_max.iter().zip(row.chunks(BLOCK)).enumerate() {
+            if bm >= threshold {
+                gather_ge(block, (b * BLOCK) as u32, threshold, out);
+            }
+        }
+    }
+
     /// See [`super::exp_shifted`].
     pub fn exp_shifted(src: &[f32], div: f32, sub: f32, out: &mut [f32]) {
         for (o, &x) in out.iter_mut().zip(src) {
@@ -663,6 +687,11 @@ mod tests {
         best
     }
 
+    /// The maxima of the [`BLOCK`]s of `r`, computed plainly.
+    fn want_bm(r: &[f32]) -> Vec<f32> {
+        r.chunks(BLOCK).map(|b| b.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x))).collect()
+    }
+
     fn config() -> ProptestConfig {
         ProptestConfig { cases: 400, rng_seed: proptest::test_runner::RngSeed::Fixed(17), ..ProptestConfig::default() }
     }
@@ -705,6 +734,14 @@ mod tests {
             portable::gather_ge(&r, 5, thr, &mut g);
             let want: Vec<(u32, f32)> = r.iter().enumerate().filter(|(_, &x)| x >= thr).map(|(i, &x)| (5 + i as u32, x)).collect();
             prop_assert_eq!(&g.iter().map(|t| (t.id, t.logit)).collect::<Vec<_>>(), &want);
+            // The same entries from the blocks that reach `thr` (ids from 0).
+            let from_zero: Vec<TokenData> = g.iter().map(|t| TokenData { id: t.id - 5, ..*t }).collect();
+            let mut gb = Vec::new();
+            portable::gather_blocks_ge(&r, &want_bm(&r), thr, &mut gb);
+            prop_assert_eq!(&gb, &from_zero);
+            gb.clear();
+            gather_blocks_ge(&r, &want_bm(&r), thr, &mut gb);
+            prop_assert_eq!(&gb, &from_zero);
             // `for_each_ge` takes one block at a time (the last one may be short).
             type Hits = Vec<(u32, f32)>;
             let hits = |f: &dyn Fn(&[f32], &mut Hits)| {
@@ -738,6 +775,9 @@ mod tests {
                     let mut g2 = Vec::new();
                     avx2::gather_ge(&r, 5, thr, &mut g2);
                     prop_assert_eq!(&g2, &g);
+                    g2.clear();
+                    avx2::gather_blocks_ge(&r, &want_bm(&r), thr, &mut g2);
+                    prop_assert_eq!(&g2, &from_zero);
                     prop_assert_eq!(&hits(&|b, v| avx2::for_each_ge(b, thr, |i, x| v.push((i as u32, x)))), &want);
                 }
             }

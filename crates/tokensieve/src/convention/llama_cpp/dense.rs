@@ -417,14 +417,7 @@ pub(crate) fn gather_at_least(
     blocks: &mut Vec<TokenData>,
 ) {
     out.clear();
-    // The blocks that reach `tau` (ids = block indices), found with the same SIMD filter.
-    blocks.clear();
-    arch::gather_ge(block_max, 0, tau, blocks);
-    for b in blocks.iter() {
-        let start = b.id as usize * BLOCK;
-        let end = (start + BLOCK).min(r.len());
-        arch::gather_ge(&r[start..end], start as u32, tau, out);
-    }
+    arch::gather_blocks_ge(r, block_max, tau, out);
     if !overlay.is_empty() {
         // Merge in id order (both are sorted): an edited entry replaces the row's, and is
         // kept only if its edited value reaches `tau`.
