@@ -79,7 +79,7 @@ fn machine() -> String {
         std::env::consts::OS,
         std::env::consts::ARCH,
         arch::isa(),
-        if arch::avx512() { " (+ AVX-512 approximate block sums)" } else { "" },
+        if arch::avx512() { " (+ AVX-512 exp kernels: approximate block sums, llama.cpp's softmax sum)" } else { "" },
         if arch::vectorised_exp() { "yes" } else { "no" }
     )
 }

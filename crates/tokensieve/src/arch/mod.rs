@@ -6,9 +6,10 @@
 //! functions here dispatch on it. Nothing outside this module contains `unsafe`. Where AVX-512F
 //! and POPCNT are present too ([`avx512()`] reports it), two kernels run on 16 lanes from
 //! [`mod@avx512`]: the approximate block sums behind `dist` and transformers `top_p`
-//! ([`exp_block_sums_approx`], the same weights lane for lane) and the block scan of
-//! [`exp_sum_sequential`] (the same sum, bit for bit). Every other kernel stays AVX2 (wider
-//! ones have not been written; NEON neither).
+//! ([`exp_block_sums_approx`], the same weights lane for lane) and [`exp_sum_sequential`]
+//! (its block scan, and its additions with a 16-lane copy of the exact `expf` below that reads
+//! glibc's table from registers: the same sum, bit for bit). Every other kernel stays AVX2
+//! (wider ones have not been written; NEON neither).
 //!
 //! The kernels (all for NaN-free input unless a kernel says otherwise):
 //!
@@ -36,7 +37,8 @@
 //! `f32::exp` on a probe set checked once at detection (which includes inputs where the
 //! non-FMA variant rounds differently); otherwise every exact kernel calls `f32::exp` per
 //! element. On this project's machines (glibc 2.36) it was checked equal to `f32::exp` on
-//! every f32 in `[-104.5, 0]` (the `exp_replica_is_exhaustively_exact` test, `--ignored`).
+//! every f32 in `[-104.5, 0]`, both the 8-lane and the 16-lane copy (the
+//! `exp_replica_is_exhaustively_exact` test, a few seconds in release builds).
 //! Its domain is `x <= 0` (and `-inf`), which is all the samplers need: `x` is a logit minus
 //! the maximum.
 
@@ -66,8 +68,8 @@ struct Caps {
     exact_exp: bool,
     /// F16C (`vcvtph2ps`) beside AVX2: f16 rows widen 8 values per instruction.
     f16c: bool,
-    /// AVX-512F (and POPCNT) beside AVX2: the approximate block sums and the block scan of
-    /// the sequential sum run on 16 lanes.
+    /// AVX-512F (and POPCNT) beside AVX2: the approximate block sums and the sequential sum
+    /// run on 16 lanes.
     avx512: bool,
 }
 
