@@ -222,7 +222,7 @@ const SKIP_GROUP: usize = 16;
 /// block.
 #[inline]
 fn any_not_below(xs: &[f32], t: f32) -> bool {
-    xs.iter().fold(false, |any, &x| any | !(x < t))
+    xs.iter().fold(false, |any, &x| any | (x >= t) | x.is_nan())
 }
 
 fn top_len_below(top: &[TokenLogprob], n: usize) -> bool {

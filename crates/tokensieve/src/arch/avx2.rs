@@ -849,14 +849,11 @@ unsafe fn add_queued<S: BlockScan>(mut sum: f32, vals: &mut [f32], n: usize, sub
 /// slow microcode assists for subnormal inputs. Sums below 2^-102 (`E < 25`) and `+inf` take
 /// the plain loop.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn add_group(mut sum: f32, xs: &[f32], sub: f32) -> f32 {
+unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
     debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
     let s = _mm256_set1_ps(sub);
-    let bits = sum.to_bits();
-    let e = bits >> 23; // the biased exponent (the sign bit is 0)
-    let fast = (25..=254).contains(&e);
-    // 1/u = 2^(150 - e): biased exponent 277 - e, within 23..=252 where `fast`.
-    let scale = _mm256_set1_ps(if fast { f32::from_bits((277 - e) << 23) } else { 1.0 });
+    let scale = ulp_scale(sum);
+    let scale_v = _mm256_set1_ps(scale.unwrap_or(1.0));
     let magic = _mm256_set1_ps((1u32 << 23) as f32);
     let ymax = _mm256_set1_ps(((1u32 << 24) + 2) as f32);
     let half = _mm256_set1_ps(0.5);
@@ -871,19 +868,36 @@ unsafe fn add_group(mut sum: f32, xs: &[f32], sub: f32) -> f32 {
         _mm256_storeu_ps(o.as_mut_ptr(), wv);
         let normal = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_castps_si256(wv), min_normal));
         let wn = _mm256_and_ps(wv, normal);
-        let y = _mm256_min_ps(_mm256_fmadd_ps(wn, scale, magic), ymax);
+        let y = _mm256_min_ps(_mm256_fmadd_ps(wn, scale_v, magic), ymax);
         let r = _mm256_sub_ps(y, magic);
-        let d = _mm256_and_ps(_mm256_fmsub_ps(wn, scale, r), abs);
+        let d = _mm256_and_ps(_mm256_fmsub_ps(wn, scale_v, r), abs);
         off = _mm256_or_ps(off, _mm256_cmp_ps::<_CMP_GE_OQ>(d, half));
         k = _mm256_add_epi32(k, _mm256_sub_epi32(_mm256_castps_si256(y), _mm256_castps_si256(magic)));
     }
-    if fast && _mm256_movemask_ps(off) == 0 {
-        let total = hsum_epi32(k) as u32;
-        if total <= (1 << 23) - (bits & 0x7f_ffff) {
-            return f32::from_bits(bits + total);
-        }
+    let exact = scale.is_some() && _mm256_movemask_ps(off) == 0;
+    commit_group(sum, exact, hsum_epi32(k) as u32, &w[..xs.len()])
+}
+
+/// `1/u = 2^(150 - E)` for the ulp `u` of a running sum with biased exponent `E` (the scale of
+/// [`add_group`]'s integer increments; a normal f32, `E` being within `25..=254`), or `None`
+/// for sums below 2^-102 and `+inf`, which the plain loop adds.
+#[inline]
+pub(super) fn ulp_scale(sum: f32) -> Option<f32> {
+    let e = sum.to_bits() >> 23; // the biased exponent (the sign bit is 0)
+    (25..=254).contains(&e).then(|| f32::from_bits((277 - e) << 23))
+}
+
+/// The end of [`add_group`] (and of its 16-lane copy): `sum` plus `total` ulps, committed to
+/// its bits where the increments are `exact` (a scale, no tie, no lane out of range) and the
+/// significand has room (see the proof at `add_group`); otherwise the weights `w` added one
+/// by one, as the plain loop does.
+#[inline]
+pub(super) fn commit_group(mut sum: f32, exact: bool, total: u32, w: &[f32]) -> f32 {
+    let bits = sum.to_bits();
+    if exact && total <= (1 << 23) - (bits & 0x7f_ffff) {
+        return f32::from_bits(bits + total);
     }
-    for &x in &w[..xs.len()] {
+    for &x in w {
         sum += x;
     }
     sum

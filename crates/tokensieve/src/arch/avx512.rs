@@ -24,7 +24,10 @@
 //! PERF: on the development machine (a Sapphire Rapids Xeon) the approximate kernel sums 1.7
 //! times as many weights per second as the AVX2 one.
 
-use super::avx2::{APPROX_Y_MIN, EXP2F_TAB, EXP2_POLY, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT, EXPF_UFLOW, GROUP};
+use super::avx2::{
+    commit_group, ulp_scale, APPROX_Y_MIN, EXP2F_TAB, EXP2_POLY, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT, EXPF_UFLOW,
+    GROUP,
+};
 use super::BLOCK;
 use std::arch::x86_64::*;
 
@@ -281,15 +284,12 @@ pub(super) unsafe fn expf_each(src: &[f32], out: &mut [f32]) {
 /// how the lanes are grouped). `xs` holds a multiple of 8 and at most [`BLOCK`] entries; a
 /// last half vector is loaded masked, its other lanes as `-inf` (weight 0, increment 0).
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn add_group(mut sum: f32, xs: &[f32], sub: f32) -> f32 {
+unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
     debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
     let c = ExpfConsts::new();
     let s = _mm512_set1_ps(sub);
-    let bits = sum.to_bits();
-    let e = bits >> 23; // the biased exponent (the sign bit is 0)
-    let fast = (25..=254).contains(&e);
-    // 1/u = 2^(150 - e): biased exponent 277 - e, within 23..=252 where `fast`.
-    let scale = _mm512_set1_ps(if fast { f32::from_bits((277 - e) << 23) } else { 1.0 });
+    let scale = ulp_scale(sum);
+    let scale_v = _mm512_set1_ps(scale.unwrap_or(1.0));
     let magic = _mm512_set1_ps((1u32 << 23) as f32);
     let ymax = _mm512_set1_ps(((1u32 << 24) + 2) as f32);
     let half = _mm512_set1_ps(0.5);
@@ -306,20 +306,11 @@ unsafe fn add_group(mut sum: f32, xs: &[f32], sub: f32) -> f32 {
         let wv = expf16(_mm512_sub_ps(x, s), &c);
         _mm512_mask_storeu_ps(w.as_mut_ptr().add(first), lanes, wv);
         let wn = _mm512_maskz_mov_ps(_mm512_cmpgt_epi32_mask(_mm512_castps_si512(wv), min_normal), wv);
-        let y = _mm512_min_ps(_mm512_fmadd_ps(wn, scale, magic), ymax);
+        let y = _mm512_min_ps(_mm512_fmadd_ps(wn, scale_v, magic), ymax);
         let r = _mm512_sub_ps(y, magic);
-        let d = _mm512_abs_ps(_mm512_fmsub_ps(wn, scale, r));
+        let d = _mm512_abs_ps(_mm512_fmsub_ps(wn, scale_v, r));
         off |= _mm512_cmp_ps_mask::<_CMP_GE_OQ>(d, half);
         k = _mm512_add_epi32(k, _mm512_sub_epi32(_mm512_castps_si512(y), _mm512_castps_si512(magic)));
     }
-    if fast && off == 0 {
-        let total = _mm512_reduce_add_epi32(k) as u32;
-        if total <= (1 << 23) - (bits & 0x7f_ffff) {
-            return f32::from_bits(bits + total);
-        }
-    }
-    for &x in &w[..xs.len()] {
-        sum += x;
-    }
-    sum
+    commit_group(sum, scale.is_some() && off == 0, _mm512_reduce_add_epi32(k) as u32, &w[..xs.len()])
 }
