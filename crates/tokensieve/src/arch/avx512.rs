@@ -9,7 +9,7 @@
 //! `approx_sums_error` carries over. Only the f32 lane sums are shorter (4 terms per
 //! lane and block instead of 8), which the bound's 7 roundings per lane already cover. The
 //! tests check the weights bit for bit against the AVX2 kernel and the sums against the bound.
-//! The same holds for the exact `expf` replica here ([`expf16`]): glibc's algorithm with
+//! The same holds for the exact `expf` replica here (`expf16`): glibc's algorithm with
 //! AVX2's operations lane for lane, the table read by two permutes and a blend from registers
 //! instead of a gather from memory; the tests check it against the platform's `expf`.
 //!
@@ -144,7 +144,7 @@ unsafe fn approx_sums(src: &[f32], div: f32, sub: f32, ids: impl Iterator<Item =
 /// See [`super::exp_sum_sequential`]: [`super::avx2`]'s algorithm, the same sum bit for bit,
 /// with each block scanned 16 lanes at a time (a compare into a mask register and a compress
 /// per vector, where AVX2 needs a movemask, a table lookup and a permute per 8 entries) and
-/// the weights computed and added 16 at a time ([`add_group`]).
+/// the weights computed and added 16 at a time (`add_group`).
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
