@@ -395,6 +395,23 @@ pub unsafe fn for_each_ge(block: &[f32], threshold: f32, mut f: impl FnMut(usize
 #[inline]
 pub unsafe fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<TokenData>) {
     let t = _mm256_set1_ps(threshold);
+    if let Ok(whole) = <&[f32; BLOCK]>::try_from(block) {
+        // A whole block: its 64 compares into one mask first, whose set bits give the entries.
+        // PERF: one loop exit per block to mispredict, where a branch per vector of 8 (below)
+        // mispredicts on every vector that holds an entry.
+        let mut hits = 0u64;
+        for (k, c) in whole.chunks_exact(8).enumerate() {
+            // SAFETY: `c` holds 8 floats.
+            let m = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_loadu_ps(c.as_ptr()), t));
+            hits |= (m as u8 as u64) << (8 * k);
+        }
+        while hits != 0 {
+            let j = hits.trailing_zeros() as usize;
+            hits &= hits - 1;
+            out.push(TokenData { id: base + j as u32, logit: whole[j], p: 0.0 });
+        }
+        return;
+    }
     let chunks = block.chunks_exact(8);
     let tail = chunks.remainder();
     let mut i0 = base;
@@ -416,10 +433,8 @@ pub unsafe fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<
     }
 }
 
-/// See [`super::gather_blocks_ge`]: the block maxima tested 8 at a time; in each block that
-/// reaches the threshold (found by its set bit) the 64 compares are gathered into one mask
-/// first, whose set bits give the entries. PERF: one loop exit per block to mispredict, where
-/// a branch per vector of 8 (as in [`gather_ge`]) mispredicts on every vector holding a hit.
+/// See [`super::gather_blocks_ge`]: the block maxima tested 8 at a time, then [`gather_ge`]
+/// (inlined) on each block that reaches the threshold, found by its set bit.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA (see the module docs).
@@ -436,22 +451,7 @@ pub unsafe fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, o
         while passing != 0 {
             let start = (g * 8 + passing.trailing_zeros() as usize) * BLOCK;
             passing &= passing - 1;
-            let block = &row[start..row.len().min(start + BLOCK)];
-            let Ok(whole) = <&[f32; BLOCK]>::try_from(block) else {
-                gather_ge(block, start as u32, threshold, out);
-                continue;
-            };
-            let mut hits = 0u64;
-            for (k, c) in whole.chunks_exact(8).enumerate() {
-                // SAFETY: `c` holds 8 floats.
-                let m = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_loadu_ps(c.as_ptr()), t));
-                hits |= (m as u8 as u64) << (8 * k);
-            }
-            while hits != 0 {
-                let j = hits.trailing_zeros() as usize;
-                hits &= hits - 1;
-                out.push(TokenData { id: (start + j) as u32, logit: whole[j], p: 0.0 });
-            }
+            gather_ge(&row[start..row.len().min(start + BLOCK)], start as u32, threshold, out);
         }
     }
 }
@@ -710,8 +710,8 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
     let mut bound = super::log_half_ulp(sum);
     let mut threshold = super::skip_threshold(sub, bound);
     // The largest maximum of the passing blocks visited so far. A skipped block's maximum
-    // `bm` is left out: `bm < threshold` gives `expf(bm - sub) < ` half an ulp of the sum's
-    // lower bound, below the bound itself, so it could not have raised it.
+    // `bm` is left out: `bm < threshold` puts `expf(bm - sub)` below half an ulp of the sum's
+    // lower bound, so below that bound: it could not have raised it.
     let mut prefix_max = f32::NEG_INFINITY;
     // Two queues: one fills while the other, full, waits until the first is full too. Adding
     // entries right after packing them would load them while their overlapping stores are
