@@ -1048,6 +1048,36 @@ pub unsafe fn exp_block_sums_approx_at(src: &[f32], div: f32, sub: f32, blocks: 
     approx_sums(src, div, sub, blocks.iter().map(|&b| b as usize), out)
 }
 
+/// See [`super::cheap_block_sums_at`]: per listed block, 8 lanes of `L(y)` (a multiply-add,
+/// a clamp at 0, a conversion whose integer is the f32 bits) summed pairwise, then
+/// across the lanes (a tree, no chain); `a`, `b` the bits-domain coefficients. A last, partial block takes the
+/// portable kernel.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn cheap_block_sums_at(src: &[f32], a: f32, b: f32, blocks: &[u32], out: &mut [f32]) {
+    let (va, vb, zero) = (_mm256_set1_ps(a), _mm256_set1_ps(b), _mm256_setzero_ps());
+    // `max(t, 0)` with `t` first: a NaN `t` gives 0, as the portable kernel's `max` does.
+    let l = |p: *const f32| {
+        _mm256_castsi256_ps(_mm256_cvtps_epi32(_mm256_max_ps(_mm256_fmadd_ps(_mm256_loadu_ps(p), va, vb), zero)))
+    };
+    for &id in blocks {
+        let start = id as usize * BLOCK;
+        let Some(block) = src.get(start..start + BLOCK) else {
+            super::portable::cheap_block_sums_at(src, a, b, &[id], out);
+            continue;
+        };
+        let p = block.as_ptr();
+        // SAFETY: `block` holds BLOCK = 64 floats: eight vectors of 8.
+        let pair = |k: usize| _mm256_add_ps(l(p.add(k)), l(p.add(k + 32)));
+        let acc = _mm256_add_ps(_mm256_add_ps(pair(0), pair(16)), _mm256_add_ps(pair(8), pair(24)));
+        let quad = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+        let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+        out[id as usize] = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+    }
+}
+
 /// The kernel of [`exp_block_sums_approx`], over the blocks `ids` names (each `< out.len()`).
 #[target_feature(enable = "avx2,fma")]
 #[inline]

@@ -26,6 +26,12 @@
 //!   reaches the threshold.
 //! * [`exp_shifted`] / [`exp_shifted_sum`]: `expf(x / div - sub)`, **bit for bit** the
 //!   platform's `expf` (see below), stored or summed in f64.
+//! * [`exp_block_sums_approx`] (and `_at`, over listed blocks): per-block sums of an accurate
+//!   approximation of those weights with an error bound (about `2^-22` relative), a dozen
+//!   operations per 8 weights.
+//! * [`cheap_block_sums_at`]: per-block sums of an *upper bound* of the weights within
+//!   [`CHEAP_SPREAD`] (6%) of them, a multiply-add and a conversion per 8 weights: enough to
+//!   tell which blocks need the accurate sums.
 //!
 //! # The exact `expf`
 //!
@@ -439,6 +445,67 @@ pub fn exp_block_sums_approx_at(src: &[f32], div: f32, sub: f32, blocks: &[u32],
     0.0
 }
 
+/// The most by which a [`cheap_block_sums_at`] weight exceeds the one it bounds, apart from
+/// rounding: `max (1 + f) / 2^f` over `f` in `[0, 1)` (at `f = 1 / ln 2 - 1`),
+/// 1.0614756908…, rounded up.
+pub const CHEAP_SPREAD: f64 = 1.061_476;
+
+/// Per listed block, the f32 sum of a **cheap upper bound** of every weight
+/// `w_i = exp(src[i] / div - sub)`: with `y` the weight's base-2 exponent, `L(y) =
+/// 2^floor(y)·(1 + frac(y))`, the chord of `2^y` between neighbouring integers (Schraudolph's
+/// approximation). Its f32 bits are simply `(y + 127)·2^23` as an integer, one multiply-add
+/// and one conversion per weight, so it costs a few operations per 8 weights where an
+/// accurate `exp` costs a dozen. `2^y <= L(y) <= CHEAP_SPREAD·2^y`.
+///
+/// Returns `rho`, `None` where the kernel does not apply (`|sub| > 8192` or a scale that is
+/// not a normal f32): for each listed block `b` (entries of the other blocks are left as they
+/// are), the sum of llama.cpp's weights `expf(fl(fl(src[i] / div) - sub))` over it (or of
+/// the f64 `exp` of the same arguments) lies within
+/// `[out[b] / (CHEAP_SPREAD·(1 + rho)) - a, out[b]·(1 + rho) + a]`, `a` = `2^-125` per entry
+/// (weights near and below the smallest normal f32). `rho` covers the roundings of the
+/// multiply-add in the bits domain (`2^-24` of its inputs' magnitudes), of llama.cpp's
+/// argument, of `expf`, and of the f32 sums; see [`cheap_rho`]. Every `src[i] / div - sub`
+/// must be `<= 0` or `-inf`.
+pub fn cheap_block_sums_at(src: &[f32], div: f32, sub: f32, blocks: &[u32], out: &mut [f32]) -> Option<f64> {
+    assert_eq!(out.len(), src.len().div_ceil(BLOCK), "cheap_block_sums_at: wrong output length");
+    let (a, b) = cheap_coefficients(div, sub)?;
+    #[cfg(target_arch = "x86_64")]
+    if caps().isa == Isa::Avx2 {
+        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        unsafe { avx2::cheap_block_sums_at(src, a, b, blocks, out) };
+        return Some(cheap_rho(sub));
+    }
+    portable::cheap_block_sums_at(src, a, b, blocks, out);
+    Some(cheap_rho(sub))
+}
+
+/// The bits-domain coefficients of [`cheap_block_sums_at`]: `T = x·a + b` is `(y + 127)·2^23`
+/// for `y = (x / div - sub)·log2 e`, each rounded once to f32 from f64. `None` outside the
+/// kernel's range.
+fn cheap_coefficients(div: f32, sub: f32) -> Option<(f32, f32)> {
+    let scale = std::f64::consts::LOG2_E / div as f64;
+    let a = (scale * 8_388_608.0) as f32;
+    let b = ((127.0 - sub as f64 * std::f64::consts::LOG2_E) * 8_388_608.0) as f32;
+    ((scale as f32).is_normal() && a.is_finite() && sub.abs() <= 8192.0).then_some((a, b))
+}
+
+/// [`cheap_block_sums_at`]'s relative rounding bound for `sub`. In units of `2^-23` of a
+/// weight (the slope of `L` in the bits domain is at most `L·2^-23` per unit):
+/// * `T = x·a + b` where `L > 0`, i.e. `0 < T <~ 2^30`: `a`'s, the product's (without a
+///   fused multiply-add), `b`'s and the sum's roundings are each `2^-24` of a magnitude at
+///   most `|T| + |b|`, so `<= 2^-24·(3·2^30 + 3|b|)` with `|b| <= (127 + log2 e·|sub|)·2^23`:
+///   at most `383 + 2.2|sub|`, plus 1 for the conversion to an integer;
+/// * llama.cpp's argument `fl(fl(x / div) - sub)` against the exact `x / div - sub`: two
+///   roundings of magnitudes `|sub| + 88.1` and `88.1` (the argument is above `-88.1` where
+///   `L > 0`), `0.5|sub| + 88.1`; `expf`'s own error, 1 (the f64 `exp` of that argument
+///   needs none);
+/// * the f32 sums of at most 64 positive terms in 8 lanes, 10 roundings: 5.
+///
+/// Under `480 + 2.7|sub|` in all; doubled for second-order terms and margin.
+fn cheap_rho(sub: f32) -> f64 {
+    (500.0 + 4.0 * sub.abs() as f64) * 2f64.powi(-22)
+}
+
 /// Whether the AVX2 kernel of [`exp_block_sums_approx`] runs (and its bound holds): the bound
 /// is first order in the argument's rounding error, about `2^-24·|sub|` per weight, so past
 /// |sub| = 2^13 (a tiny temperature) it would not hold, and the kernel's scale `log2 e / div`
@@ -476,6 +543,30 @@ pub mod portable {
     /// See [`super::max`].
     pub fn max(row: &[f32]) -> f32 {
         row.iter().fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+    }
+
+    /// See [`super::cheap_block_sums_at`]; `a`, `b` its bits-domain coefficients. The lane
+    /// structure (8 lanes of 8 terms, then pairwise) is the AVX2 kernel's.
+    pub fn cheap_block_sums_at(src: &[f32], a: f32, b: f32, blocks: &[u32], out: &mut [f32]) {
+        for &id in blocks {
+            let start = id as usize * BLOCK;
+            let block = &src[start..(start + BLOCK).min(src.len())];
+            let mut lanes = [0.0f32; 8];
+            for c in block.chunks(8) {
+                for (l, &x) in lanes.iter_mut().zip(c) {
+                    *l += cheap_weight(x, a, b);
+                }
+            }
+            let [l0, l1, l2, l3, l4, l5, l6, l7] = lanes;
+            out[id as usize] = ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7));
+        }
+    }
+
+    /// `L(y)` of [`super::cheap_block_sums_at`]: the bits `T = x·a + b`, clamped at 0 (weights
+    /// below `2^-127`, `-inf` and NaN give `+0`), truncated to an integer.
+    #[inline]
+    pub fn cheap_weight(x: f32, a: f32, b: f32) -> f32 {
+        f32::from_bits((x * a + b).max(0.0) as u32)
     }
 
     /// See [`super::summarize`].
@@ -1124,6 +1215,99 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    type CheapKernel = fn(&[f32], f32, f32, &[u32], &mut [f32]);
+
+    /// The cheap kernels, given the bits-domain coefficients: the portable one and, where this
+    /// CPU runs it, the AVX2 one (the dispatch picks only one).
+    fn cheap_kernels() -> Vec<(&'static str, CheapKernel)> {
+        let mut kernels: Vec<(&'static str, CheapKernel)> = vec![("portable", portable::cheap_block_sums_at)];
+        #[cfg(target_arch = "x86_64")]
+        if avx2_available() {
+            // SAFETY: AVX2 and FMA were detected just above.
+            kernels.push(("avx2", |x, a, b, ids, o| unsafe { avx2::cheap_block_sums_at(x, a, b, ids, o) }));
+        }
+        kernels
+    }
+
+    /// Every block's sum of llama.cpp's weights, and of the f64 `exp` of the same arguments,
+    /// lies in the interval its cheap sum gives ([`cheap_block_sums_at`]), for every kernel;
+    /// the blocks not listed are left alone. Returns how many blocks were checked.
+    fn check_cheap_sums(x: &[f32], div: f32) -> usize {
+        let sub = portable::max(x) / div;
+        let Some((a, b)) = cheap_coefficients(div, sub) else { return 0 };
+        let rho = cheap_rho(sub);
+        let nb = x.len().div_ceil(BLOCK);
+        // Every block but the second.
+        let ids: Vec<u32> = (0..nb as u32).filter(|&i| i != 1).collect();
+        let mut out = vec![0.0f32; nb];
+        for (kernel, cheap) in cheap_kernels() {
+            out.fill(-1.0);
+            cheap(x, a, b, &ids, &mut out);
+            for (i, block) in x.chunks(BLOCK).enumerate() {
+                if i == 1 {
+                    assert_eq!(out[i], -1.0, "{kernel}: a block not listed was written");
+                    continue;
+                }
+                let llama: f64 = block.iter().map(|&z| (z / div - sub).exp() as f64).sum();
+                let wide: f64 = block.iter().map(|&z| ((z / div - sub) as f64).exp()).sum();
+                let slack = block.len() as f64 * 2f64.powi(-125);
+                let hi = out[i] as f64 * (1.0 + rho) + slack;
+                let lo = out[i] as f64 / (CHEAP_SPREAD * (1.0 + rho)) - slack;
+                for exact in [llama, wide] {
+                    assert!(
+                        lo <= exact && exact <= hi,
+                        "{kernel}: div {div} sub {sub} block {i}: {exact:e} not in [{lo:e}, {hi:e}]"
+                    );
+                }
+            }
+        }
+        ids.len()
+    }
+
+    #[test]
+    fn cheap_sums_bound_every_block() {
+        // Model-like logits at several offsets (|sub| up to 3000), -inf, weights that are
+        // subnormal or underflow, a partial last block; `rho` stays small where it matters.
+        let base: Vec<f32> = (0..5000).map(|i| -((i as f32) * 0.0213).powf(1.3)).collect();
+        for (shift, extra) in [(15.0f32, true), (0.0, false), (-40.0, true), (300.0, false)] {
+            let mut x: Vec<f32> = base.iter().map(|&v| v + shift).collect();
+            if extra {
+                x.extend([
+                    f32::NEG_INFINITY,
+                    shift - 87.0,
+                    shift - 87.5,
+                    shift - 88.5,
+                    shift - 104.0,
+                    shift - 300.0,
+                    shift,
+                ]);
+            }
+            for div in [1.0f32, 0.8, 2.5, 0.1] {
+                assert!(check_cheap_sums(&x, div) > 0);
+            }
+        }
+        assert!(cheap_rho(100.0) < 5e-4);
+        // Outside the kernel's range: no sums.
+        assert!(cheap_coefficients(1e-3, 1e4).is_none());
+        assert!(cheap_coefficients(f32::MIN_POSITIVE, 1.0).is_none());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn cheap_sums_bound_every_block_of_random_rows(
+            kind in tokensieve_testkit::generate::row_kind(),
+            v in 1usize..3000,
+            seed in any::<u64>(),
+            div in prop::sample::select(vec![1e-3f32, 0.1, 0.8, 1.0, 3.0, 1e3]),
+        ) {
+            let x = tokensieve_testkit::generate::row(kind, v, seed);
+            prop_assume!(x.iter().all(|z| !z.is_nan()));
+            check_cheap_sums(&x, div);
         }
     }
 
