@@ -464,7 +464,7 @@ pub const CHEAP_SPREAD: f64 = 1.061_476;
 /// `[out[b] / (CHEAP_SPREAD·(1 + rho)) - a, out[b]·(1 + rho) + a]`, `a` = `2^-125` per entry
 /// (weights near and below the smallest normal f32). `rho` covers the roundings of the
 /// multiply-add in the bits domain (`2^-24` of its inputs' magnitudes), of llama.cpp's
-/// argument, of `expf`, and of the f32 sums; see [`cheap_rho`]. Every `src[i] / div - sub`
+/// argument, of `expf`, and of the f32 sums; `cheap_rho` in the source itemises them. Every `src[i] / div - sub`
 /// must be `<= 0` or `-inf`.
 pub fn cheap_block_sums_at(src: &[f32], div: f32, sub: f32, blocks: &[u32], out: &mut [f32]) -> Option<f64> {
     assert_eq!(out.len(), src.len().div_ceil(BLOCK), "cheap_block_sums_at: wrong output length");
