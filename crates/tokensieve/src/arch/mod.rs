@@ -471,8 +471,15 @@ pub fn cheap_block_sums_at(src: &[f32], div: f32, sub: f32, blocks: &[u32], out:
     let (a, b) = cheap_coefficients(div, sub)?;
     #[cfg(target_arch = "x86_64")]
     if caps().isa == Isa::Avx2 {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
-        unsafe { avx2::cheap_block_sums_at(src, a, b, blocks, out) };
+        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime,
+        // `avx512` only beside it when AVX-512F was too.
+        unsafe {
+            if caps().avx512 {
+                avx512::cheap_block_sums_at(src, a, b, blocks, out);
+            } else {
+                avx2::cheap_block_sums_at(src, a, b, blocks, out);
+            }
+        }
         return Some(cheap_rho(sub));
     }
     portable::cheap_block_sums_at(src, a, b, blocks, out);
@@ -1221,13 +1228,18 @@ mod tests {
     type CheapKernel = fn(&[f32], f32, f32, &[u32], &mut [f32]);
 
     /// The cheap kernels, given the bits-domain coefficients: the portable one and, where this
-    /// CPU runs it, the AVX2 one (the dispatch picks only one).
+    /// CPU runs them, the AVX2 and AVX-512 ones (the dispatch picks only one).
     fn cheap_kernels() -> Vec<(&'static str, CheapKernel)> {
         let mut kernels: Vec<(&'static str, CheapKernel)> = vec![("portable", portable::cheap_block_sums_at)];
         #[cfg(target_arch = "x86_64")]
         if avx2_available() {
             // SAFETY: AVX2 and FMA were detected just above.
             kernels.push(("avx2", |x, a, b, ids, o| unsafe { avx2::cheap_block_sums_at(x, a, b, ids, o) }));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if avx512_available() {
+            // SAFETY: AVX-512F, AVX2 and FMA were detected just above.
+            kernels.push(("avx512", |x, a, b, ids, o| unsafe { avx512::cheap_block_sums_at(x, a, b, ids, o) }));
         }
         kernels
     }

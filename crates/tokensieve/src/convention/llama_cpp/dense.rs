@@ -945,17 +945,29 @@ impl NearSums {
             // between bytes (no branch per block).
             let ones = u64::from_le_bytes([1; 8]);
             let (ge_lo, ge_hi) = (ones * (128 - self.cut) as u64, ones * (128 - cut) as u64);
-            s.near.clear();
-            for (c, rungs) in s.rungs.chunks(8).enumerate() {
-                let mut bytes = [(RUNGS - 1) as u8; 8]; // a short last chunk: far padding
-                bytes[..rungs.len()].copy_from_slice(rungs);
-                let w = u64::from_le_bytes(bytes);
+            // Into a local list (room for every block was reserved), so that nothing is
+            // reloaded per block.
+            let mut near = std::mem::take(&mut s.near);
+            near.clear();
+            let mut list = |c: usize, w: u64| {
                 let mut mask = (w + ge_lo) & !(w + ge_hi) & (ones << 7);
                 while mask != 0 {
-                    s.near.push((c * 8) as u32 + mask.trailing_zeros() / 8);
+                    near.push((c * 8) as u32 + mask.trailing_zeros() / 8);
                     mask &= mask - 1;
                 }
+            };
+            let chunks = s.rungs.chunks_exact(8);
+            let rest = chunks.remainder();
+            let whole = s.rungs.len() / 8;
+            for (c, rungs) in chunks.enumerate() {
+                list(c, u64::from_le_bytes(rungs.try_into().expect("8 rungs")));
             }
+            if !rest.is_empty() {
+                let mut bytes = [(RUNGS - 1) as u8; 8]; // far padding
+                bytes[..rest.len()].copy_from_slice(rest);
+                list(whole, u64::from_le_bytes(bytes));
+            }
+            s.near = near;
             self.cut = cut;
             match &mut self.cheap {
                 Some(tier) if cheap_new => tier.add(r, t, max, s),
@@ -1018,22 +1030,24 @@ impl CheapTier {
         }
         self.groups.iter_mut().for_each(|g| g[keep_below..self.above].fill(0.0));
         self.above = keep_below;
-        // The blocks that stay are compacted to the front of `cheap_ids` (a `retain` written
-        // out over locals, so that nothing is reloaded per block).
+        // The blocks that stay are compacted to the front of `cheap_ids`, the others listed in
+        // `near`: without a branch per block (which goes either way at random), over locals
+        // so that nothing is reloaded per block.
         let mut ids = std::mem::take(&mut s.cheap_ids);
         let mut near = std::mem::take(&mut s.near);
         near.clear();
-        let mut stay = 0;
+        near.resize(ids.len(), 0);
+        let (mut stay, mut up) = (0, 0);
         for i in 0..ids.len() {
             let b = ids[i];
-            if group(s.cheap[b as usize]) < keep_below {
-                ids[stay] = b;
-                stay += 1;
-            } else {
-                near.push(b);
-            }
+            let below = group(s.cheap[b as usize]) < keep_below;
+            ids[stay] = b;
+            near[up] = b;
+            stay += below as usize;
+            up += !below as usize;
         }
         ids.truncate(stay);
+        near.truncate(up);
         let err = kept * (1.0 + 2f64.powi(-40)) + stay as f64 * c.abs();
         s.cheap_ids = ids;
         s.near = near;
