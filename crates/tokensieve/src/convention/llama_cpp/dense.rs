@@ -35,9 +35,12 @@
 //!      a few parts in 10^6 of the sum) locate the draw; the choice is certain when the target
 //!      lies farther than the bound from both ends of the chosen entry's interval. Most blocks
 //!      of a peaked row hold only weights far below the maximum's: `NearSums` bounds those
-//!      by their block maxima instead of exponentiating them, as long as their bounds add up
-//!      to at most 2^-10 of the sum, and the first try exponentiates only the rest (5–60% of the
-//!      blocks of the bench's peaked rows). A draw it cannot certify tries again with the bound at 2^-17,
+//!      by their block maxima instead of exponentiating them, and most of the others by cheap
+//!      sums that pin each block within ±3% (a multiply-add and a conversion per weight,
+//!      [`arch::cheap_block_sums_at`]), as long as both kinds of bounds add up to at most the
+//!      try's mass (at first 2^-4 of the maximum's weight, which the sum exceeds); only the
+//!      blocks with the widest intervals get the accurate sums. A draw it cannot certify tries
+//!      again at 2^-8, 2^-12 and 2^-17,
 //!      then with every block, exponentiating only the blocks each try adds. If even that
 //!      cannot decide, block sums of the exact `expf` weights (error bound ~V·2^-52) try
 //!      again, and after them the array path finishes with the same draw. The approximation
@@ -49,9 +52,10 @@
 //! [`Candidates::fill`] does and runs the stages from the first.
 //!
 //! Where time goes: `top_k`, `min_p` and `greedy` cost about one pass over the row plus a few
-//! percent of it. `dist` over the full row needs one exponential per entry of the blocks it
-//! cannot bound (in the cheap f32 form, ~14 vector operations per 8 entries, an order of
-//! magnitude more than the max pass), plus a pass over the block maxima; `top_p` and raw
+//! percent of it. `dist` over the full row needs a cheap bound (4 vector operations per 8
+//! entries) for the blocks its block maxima cannot bound, and one accurate exponential per
+//! entry (~14 vector operations per 8 entries, an order of magnitude more than the max pass)
+//! only for the few blocks holding most of the mass, plus passes over the block maxima; `top_p` and raw
 //! logprobs only those of the entries that can change llama.cpp's f32 sum (typically a few
 //! thousand at V = 128k).
 //!
@@ -71,8 +75,10 @@
 //! the selection): its logit as processed and, for `dist`, its exact weight divided by the sum
 //! of the block sums that located it: within `1e-12` relative of the array path's `p` after
 //! the exact pass, within the certified bound of the try that located it after an
-//! approximate one (at most about 2^-10 relative, for the first try); not bit for bit. The token is always the one the array path selects. `apply` and processed logprobs
-//! always leave the full candidate set.
+//! approximate one (relative to the sum, at most the try's mass: 2^-4 for the first try,
+//! which locates most draws, 2^-17 for the fourth); not bit for bit. The token is always the
+//! one the array path selects. `apply` and processed logprobs always leave the full candidate
+//! set, with every `p` as the array path computes it.
 
 use crate::arch::{self, Summary, BLOCK};
 use crate::candidates::{Candidates, TokenData};
