@@ -1049,9 +1049,8 @@ pub unsafe fn exp_block_sums_approx_at(src: &[f32], div: f32, sub: f32, blocks: 
 }
 
 /// See [`super::cheap_block_sums_at`]: per listed block, 8 lanes of `L(y)` (a multiply-add,
-/// a clamp at 0, a conversion whose integer is the f32 bits) summed pairwise, then
-/// across the lanes (a tree, no chain); `a`, `b` the bits-domain coefficients. A last, partial block takes the
-/// portable kernel.
+/// a clamp at 0, a conversion whose integer is the f32 bits) summed pairwise, then across the
+/// lanes (a tree, no chain); `a`, `b` the bits-domain coefficients.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA (see the module docs).
@@ -1062,19 +1061,34 @@ pub unsafe fn cheap_block_sums_at(src: &[f32], a: f32, b: f32, blocks: &[u32], o
     let l = |p: *const f32| {
         _mm256_castsi256_ps(_mm256_cvtps_epi32(_mm256_max_ps(_mm256_fmadd_ps(_mm256_loadu_ps(p), va, vb), zero)))
     };
-    for &id in blocks {
-        let start = id as usize * BLOCK;
-        let Some(block) = src.get(start..start + BLOCK) else {
-            super::portable::cheap_block_sums_at(src, a, b, &[id], out);
-            continue;
-        };
-        let p = block.as_ptr();
-        // SAFETY: `block` holds BLOCK = 64 floats: eight vectors of 8.
+    cheap_blocks(src, a, b, blocks, out, |p| {
+        // SAFETY: `p` points to BLOCK = 64 floats: eight vectors of 8.
         let pair = |k: usize| _mm256_add_ps(l(p.add(k)), l(p.add(k + 32)));
         let acc = _mm256_add_ps(_mm256_add_ps(pair(0), pair(16)), _mm256_add_ps(pair(8), pair(24)));
         let quad = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
         let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
-        out[id as usize] = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+        _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)))
+    });
+}
+
+/// The block loop of the cheap kernels: `sum_block(p)` for each listed whole block starting
+/// at `p` (64 readable floats), the portable kernel for a last, partial one. Inlined into
+/// each kernel, so that `sum_block` is compiled with that kernel's target features.
+#[inline(always)]
+pub(super) fn cheap_blocks(
+    src: &[f32],
+    a: f32,
+    b: f32,
+    blocks: &[u32],
+    out: &mut [f32],
+    sum_block: impl Fn(*const f32) -> f32,
+) {
+    for &id in blocks {
+        let start = id as usize * BLOCK;
+        match src.get(start..start + BLOCK) {
+            Some(block) => out[id as usize] = sum_block(block.as_ptr()),
+            None => super::portable::cheap_block_sums_at(src, a, b, &[id], out),
+        }
     }
 }
 

@@ -142,8 +142,7 @@ unsafe fn approx_sums(src: &[f32], div: f32, sub: f32, ids: impl Iterator<Item =
 }
 
 /// See [`super::cheap_block_sums_at`]: [`super::avx2`]'s kernel on 16 lanes (four vectors
-/// per block, summed pairwise, then across the lanes). A last, partial block takes the
-/// portable kernel.
+/// per block, summed pairwise, then across the lanes).
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2 and FMA.
@@ -154,17 +153,13 @@ pub unsafe fn cheap_block_sums_at(src: &[f32], a: f32, b: f32, blocks: &[u32], o
     let l = |p: *const f32| {
         _mm512_castsi512_ps(_mm512_cvtps_epi32(_mm512_max_ps(_mm512_fmadd_ps(_mm512_loadu_ps(p), va, vb), zero)))
     };
-    for &id in blocks {
-        let start = id as usize * BLOCK;
-        let Some(block) = src.get(start..start + BLOCK) else {
-            super::portable::cheap_block_sums_at(src, a, b, &[id], out);
-            continue;
-        };
-        let p = block.as_ptr();
-        // SAFETY: `block` holds BLOCK = 64 floats: four vectors of 16.
-        let acc = _mm512_add_ps(_mm512_add_ps(l(p), l(p.add(32))), _mm512_add_ps(l(p.add(16)), l(p.add(48))));
-        out[id as usize] = _mm512_reduce_add_ps(acc);
-    }
+    super::avx2::cheap_blocks(src, a, b, blocks, out, |p| {
+        // SAFETY: `p` points to BLOCK = 64 floats: four vectors of 16.
+        _mm512_reduce_add_ps(_mm512_add_ps(
+            _mm512_add_ps(l(p), l(p.add(32))),
+            _mm512_add_ps(l(p.add(16)), l(p.add(48))),
+        ))
+    });
 }
 
 /// See [`super::exp_sum_sequential`]: [`super::avx2`]'s algorithm, the same sum bit for bit,
