@@ -27,7 +27,7 @@ use crate::sampler::{self, BuildContext, Sampler, Stage};
 /// `greedy` and `[temperature;] dist` chains. The result is always the one the candidate-array
 /// path gives (see [`convention::llama_cpp::dense`](crate::convention::llama_cpp::dense)), with
 /// one visible difference: after such a direct `sample`, [`Chain::candidates`] holds only the
-/// selected candidate (after `dist`, its `p` is approximate: within a few percent at worst;
+/// selected candidate (after `dist`, its `p` is approximate: within about 6% at worst;
 /// `sample_with_logprobs` gives exact probabilities).
 ///
 /// ```
