@@ -492,3 +492,41 @@ fn half_precision_rows_with_ties_take_the_fast_top_k() {
     }
     assert!(fast * 10 >= total * 9, "the fast path ran in only {fast} of {total} cases");
 }
+
+/// After `sample` selected straight from the row with `[temperature;] dist`, the lone
+/// candidate's `p` is its probability against the sums that located the draw: within the
+/// locating try's mass of the exact softmax (at most 2^-4 of the sum, so about 6.7%
+/// relative), under both conventions.
+#[test]
+fn a_direct_dist_leaves_the_selected_probability_within_its_bound() {
+    use tokensieve::Convention;
+    let mut checked = 0;
+    for (v, seed) in [(4_099usize, 1u64), (32_000, 2), (128_256, 3)] {
+        for kind in [RowKind::Peaked, RowKind::Gaussian] {
+            let row = generate::row(kind, v, seed);
+            let t = 0.8f64;
+            let max = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64 / t));
+            let sum: f64 = row.iter().map(|&x| (x as f64 / t - max).exp()).sum();
+            for convention in [Convention::LlamaCpp, Convention::Transformers] {
+                let ctx = BuildContext::new(v, RngConfig::philox(seed)).with_convention(convention);
+                let mut chain = Chain::from_spec("temperature(0.8);dist", &ctx).unwrap();
+                for _ in 0..20 {
+                    let token = chain.sample(&row).unwrap();
+                    if !matches!(chain.last_path(), Path::Fast(_)) {
+                        continue;
+                    }
+                    let c = chain.candidates().as_slice();
+                    assert_eq!(c.len(), 1);
+                    let exact = (row[token as usize] as f64 / t - max).exp() / sum;
+                    let got = c[0].p as f64;
+                    assert!(
+                        (got - exact).abs() <= 0.07 * exact,
+                        "{convention:?} V = {v} {kind:?}: token {token} p {got:e}, exact {exact:e}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} direct draws");
+}

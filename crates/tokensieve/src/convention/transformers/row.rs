@@ -310,8 +310,12 @@ fn dist(
     let Some(Stage::HfDist(d)) = stages.get_mut(end) else { return Ok(None) };
     let u = d.draw();
     if let Some(id) = locate_draw(r, t, max, u, s) {
+        // Its probability against the sums that located it (approximate, as llama.cpp's
+        // `dist` fast path leaves it).
+        let logit = r[id as usize] / t;
+        let p = (weight(logit, max) / total(&s.block_sums)) as f32;
         c.begin(r.len());
-        c.data.push(TokenData { id, logit: r[id as usize] / t, p: 0.0 });
+        c.data.push(TokenData { id, logit, p });
         c.selected = Some(0);
         s.path = Path::Fast("dist");
         return Ok(Some(Prepared::Selected(id)));
