@@ -309,11 +309,11 @@ fn dist(
     let Some((t, max)) = one_temperature(&stages[first..end], s) else { return Ok(None) };
     let Some(Stage::HfDist(d)) = stages.get_mut(end) else { return Ok(None) };
     let u = d.draw();
-    if let Some(id) = locate_draw(r, t, max, u, s) {
-        // Its probability against the sums that located it (approximate, as llama.cpp's
+    if let Some((id, sum)) = locate_draw(r, t, max, u, s) {
+        // Its probability against the sum that located it (approximate, as llama.cpp's
         // `dist` fast path leaves it).
         let logit = r[id as usize] / t;
-        let p = (weight(logit, max) / total(&s.block_sums)) as f32;
+        let p = (weight(logit, max) / sum) as f32;
         c.begin(r.len());
         c.data.push(TokenData { id, logit, p });
         c.selected = Some(0);
@@ -543,8 +543,8 @@ fn top_p_within(
 /// rounding against the f64 `exp`, the f64 summation and flushed weights
 /// ([`approx_weight_sums`]). The crossing block is resolved with the exact weights, and the
 /// token is returned only when the target is farther than twice the bound from both ends of
-/// its interval.
-fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<u32> {
+/// its interval; with it, the sum of the weights as those sums estimate it.
+fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<(u32, f64)> {
     tightening_sums(r, t, max, &DRAW_FAR_MASSES, s, |sum, err, s| {
         let target = sum * u;
         let (b, before) = crossing_block(&s.block_sums, target)?;
@@ -557,7 +557,7 @@ fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<u
                 running += w;
                 if running > target {
                     let certain = prev + 2.0 * err < target && target + 2.0 * err < running;
-                    return certain.then_some((start + j) as u32);
+                    return certain.then_some(((start + j) as u32, sum));
                 }
             }
         }
