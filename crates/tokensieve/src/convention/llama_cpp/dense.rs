@@ -848,7 +848,7 @@ pub(crate) struct NearSums {
 /// [`NearSums`]' cheap tier: the blocks held at their cheap estimates are `s.cheap_ids`, grouped
 /// by the f32 exponent of their cheap sums `x` (a factor of 2 apart): `groups[j][e]` sums the
 /// `x` of group `e` (four interleaved sets, so that neighbouring blocks in one group do not
-/// wait on each other's additions). The groups from `keep_below` up are empty: their blocks
+/// wait on each other's additions). The groups from `above` up are empty: their blocks
 /// were exponentiated.
 struct CheapTier {
     interval: CheapInterval,
