@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn hmax(v: __m256) -> f32 {
+pub(super) unsafe fn hmax(v: __m256) -> f32 {
     let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
@@ -69,7 +69,7 @@ unsafe fn block_max_tree(p: *const f32) -> __m256 {
 /// for eight blocks, against 24 and 24 for eight [`hmax`]. NaN lanes may be dropped.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn hmax8(m: &[__m256; 8]) -> __m256 {
+pub(super) unsafe fn hmax8(m: &[__m256; 8]) -> __m256 {
     // Per 128-bit half, `[a02, b02, a13, b13]`: pairs of lanes of `a` and `b` reduced.
     let pair = |a: __m256, b: __m256| _mm256_max_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
     // Per half, `[a, b, c, d]` each over the half's four lanes.
@@ -91,10 +91,70 @@ unsafe fn hmax8(m: &[__m256; 8]) -> __m256 {
 /// The CPU must support AVX2 and FMA (see the module docs).
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
+    summarize_with::<FirstOperands>(row, block_max)
+}
+
+/// How [`summarize_with`] and [`locate_max_with`] take a block's max tree and watch the row
+/// for NaN, which `vmaxps` can drop: by summing the tree's first operands here
+/// ([`FirstOperands`]), by mask compares of the entries in [`super::avx512`].
+pub(super) trait NanWatch {
+    /// A watch that has seen nothing.
+    unsafe fn new() -> Self;
+    /// The max tree's root of the 64 floats at `p`, having noted any NaN among them that the
+    /// root does not carry. A NaN the root carries is noted only by [`keep`](Self::keep).
+    unsafe fn block(&mut self, p: *const f32) -> __m256;
+    /// [`block`](Self::block), then [`keep`](Self::keep) of its root.
+    unsafe fn block_kept(&mut self, p: *const f32) -> __m256;
+    /// Notes a NaN in `root`.
+    unsafe fn keep(&mut self, root: __m256);
+    /// True when a NaN may have been noted (a false alarm is allowed, see the implementations).
+    unsafe fn seen(&self) -> bool;
+}
+
+/// The AVX2 watch: a running sum of the max tree's first operands (`block_max_firsts`). A
+/// false alarm only when the sum overflows to both infinities.
+struct FirstOperands(__m256);
+
+impl NanWatch for FirstOperands {
+    #[inline(always)]
+    unsafe fn new() -> Self {
+        Self(_mm256_setzero_ps())
+    }
+
+    #[inline(always)]
+    unsafe fn block(&mut self, p: *const f32) -> __m256 {
+        let (root, f) = block_max_firsts(p);
+        self.0 = _mm256_add_ps(self.0, f);
+        root
+    }
+
+    #[inline(always)]
+    unsafe fn block_kept(&mut self, p: *const f32) -> __m256 {
+        let (root, f) = block_max_firsts(p);
+        // One addition into the running sum per block: its latency stays off the loop's path.
+        self.0 = _mm256_add_ps(self.0, _mm256_add_ps(f, root));
+        root
+    }
+
+    #[inline(always)]
+    unsafe fn keep(&mut self, root: __m256) {
+        self.0 = _mm256_add_ps(self.0, root);
+    }
+
+    #[inline(always)]
+    unsafe fn seen(&self) -> bool {
+        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(self.0, self.0)) != 0
+    }
+}
+
+/// [`summarize`] with the NaN watch `W`; inlined into each caller, which is compiled with the
+/// target features `W` needs.
+#[inline(always)]
+pub(super) unsafe fn summarize_with<W: NanWatch>(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
     let n_blocks = row.len().div_ceil(BLOCK);
     block_max.resize(n_blocks, f32::NEG_INFINITY);
     let out = &mut block_max[..n_blocks];
-    let mut firsts = _mm256_setzero_ps();
+    let mut watch = W::new();
     let mut best_v = _mm256_set1_ps(f32::NEG_INFINITY);
     let groups = row.chunks_exact(8 * BLOCK);
     let rest = groups.remainder();
@@ -103,9 +163,7 @@ pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
         let mut roots = [_mm256_setzero_ps(); 8];
         for (k, root) in roots.iter_mut().enumerate() {
             // SAFETY: `g` holds 8 blocks of BLOCK = 64 floats.
-            let (r, f) = block_max_firsts(g.as_ptr().add(k * BLOCK));
-            firsts = _mm256_add_ps(firsts, _mm256_add_ps(f, r));
-            *root = r;
+            *root = watch.block_kept(g.as_ptr().add(k * BLOCK));
         }
         let v = hmax8(&roots);
         // SAFETY: `b + 8 <= n_blocks`: this group's blocks are whole.
@@ -120,8 +178,7 @@ pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
         let mut buf = [c[0]; BLOCK];
         buf[..c.len()].copy_from_slice(c);
         // SAFETY: `buf` holds BLOCK = 64 floats.
-        let (r, f) = block_max_firsts(buf.as_ptr());
-        firsts = _mm256_add_ps(firsts, _mm256_add_ps(f, r));
+        let r = watch.block_kept(buf.as_ptr());
         out[b] = hmax(r);
         best = best.max(out[b]);
         b += 1;
@@ -129,7 +186,7 @@ pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
     // The first block holding the maximum (`==`, so either zero matches the other).
     let best_block = first_eq(out, best).unwrap_or(0);
     let best = out.get(best_block).copied().unwrap_or(f32::NEG_INFINITY);
-    let suspect = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(firsts, firsts)) != 0 || best == f32::INFINITY;
+    let suspect = watch.seen() || best == f32::INFINITY;
     Summary { max: best, max_block: best_block, suspect }
 }
 
@@ -194,7 +251,13 @@ unsafe fn block_max_firsts(p: *const f32) -> (__m256, __m256) {
 /// The CPU must support AVX2 and FMA (see the module docs).
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn locate_max(row: &[f32]) -> Summary {
-    let mut firsts = _mm256_setzero_ps();
+    locate_max_with::<FirstOperands>(row)
+}
+
+/// [`locate_max`] with the NaN watch `W` (see [`summarize_with`]).
+#[inline(always)]
+pub(super) unsafe fn locate_max_with<W: NanWatch>(row: &[f32]) -> Summary {
+    let mut watch = W::new();
     let mut best = f32::NEG_INFINITY;
     let mut best_v = _mm256_set1_ps(best);
     // The start of the best block so far. PERF: a pointer rather than a block index keeps the
@@ -206,11 +269,10 @@ pub unsafe fn locate_max(row: &[f32]) -> Summary {
     let full = chunks.len();
     for c in chunks {
         // SAFETY: `c` holds BLOCK = 64 floats.
-        let (root, f) = block_max_firsts(c.as_ptr());
-        firsts = _mm256_add_ps(firsts, f);
+        let root = watch.block(c.as_ptr());
         // `!(root <= best)`: a lane above the best so far, or a NaN lane.
         if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLE_UQ>(root, best_v)) != 0 {
-            firsts = _mm256_add_ps(firsts, root);
+            watch.keep(root);
             let bm = hmax(root);
             if bm > best {
                 best = bm;
@@ -224,15 +286,14 @@ pub unsafe fn locate_max(row: &[f32]) -> Summary {
         let mut buf = [first; BLOCK];
         buf[..tail.len()].copy_from_slice(tail);
         // SAFETY: `buf` holds BLOCK = 64 floats.
-        let (root, f) = block_max_firsts(buf.as_ptr());
-        firsts = _mm256_add_ps(_mm256_add_ps(firsts, f), root);
+        let root = watch.block_kept(buf.as_ptr());
         let bm = hmax(root);
         if bm > best {
             best = bm;
             best_block = full;
         }
     }
-    let suspect = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(firsts, firsts)) != 0 || best == f32::INFINITY;
+    let suspect = watch.seen() || best == f32::INFINITY;
     Summary { max: best, max_block: best_block, suspect }
 }
 
@@ -433,23 +494,26 @@ pub unsafe fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<
     }
 }
 
-/// See [`super::gather_blocks_ge`]: the block maxima tested 8 at a time, then [`gather_ge`]
-/// (inlined) on each block that reaches the threshold, found by its set bit.
+/// See [`super::gather_blocks_ge`]: the block maxima tested 64 at a time into one mask, then
+/// [`gather_ge`] (inlined) on each block that reaches the threshold, found by its set bit.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA (see the module docs).
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, out: &mut Vec<TokenData>) {
     let t = _mm256_set1_ps(threshold);
-    for (g, maxima) in block_max.chunks(8).enumerate() {
-        let mut passing = if maxima.len() == 8 {
-            // SAFETY: `maxima` holds 8 floats.
-            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_loadu_ps(maxima.as_ptr()), t)) as u32
+    for (g, maxima) in block_max.chunks(64).enumerate() {
+        let mut passing = if let Ok(whole) = <&[f32; 64]>::try_from(maxima) {
+            whole.chunks_exact(8).enumerate().fold(0u64, |m, (k, c)| {
+                // SAFETY: `c` holds 8 floats.
+                let v = _mm256_loadu_ps(c.as_ptr());
+                m | (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(v, t)) as u8 as u64) << (8 * k)
+            })
         } else {
-            maxima.iter().enumerate().fold(0, |m, (j, &bm)| m | ((bm >= threshold) as u32) << j)
+            maxima.iter().enumerate().fold(0u64, |m, (j, &bm)| m | ((bm >= threshold) as u64) << j)
         };
         while passing != 0 {
-            let start = (g * 8 + passing.trailing_zeros() as usize) * BLOCK;
+            let start = (g * 64 + passing.trailing_zeros() as usize) * BLOCK;
             passing &= passing - 1;
             gather_ge(&row[start..row.len().min(start + BLOCK)], start as u32, threshold, out);
         }
