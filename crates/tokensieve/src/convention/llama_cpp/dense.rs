@@ -81,7 +81,7 @@
 //! set, with every `p` as the array path computes it.
 
 use crate::arch::{self, Summary, BLOCK};
-use crate::candidates::{Candidates, TokenData};
+use crate::candidates::{rank_keys, Candidates, TokenData};
 use crate::convention::{transformers, Convention};
 use crate::error::{Error, Result};
 use crate::logits::Logits;
@@ -102,6 +102,8 @@ pub(crate) struct Scratch {
     pub(crate) gathered: Vec<TokenData>,
     /// Indices of the blocks that reach a threshold.
     pub(crate) blocks: Vec<TokenData>,
+    /// Sort keys of `gathered` ([`rank_keys`]).
+    ranks: Vec<u64>,
     /// Tokens a transformers `repetition_penalty` edits, with their processed logits.
     pub(crate) edited: Vec<TokenData>,
     /// Processed logits (transformers row path: the k-th largest).
@@ -474,10 +476,6 @@ pub(crate) fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<f32> {
     Some(tau)
 }
 
-fn desc(a: &TokenData, b: &TokenData) -> std::cmp::Ordering {
-    b.logit.total_cmp(&a.logit)
-}
-
 /// `top_k(k)` on the untouched row (llama_cpp::top_k: heap select or bucket sort, which for
 /// distinct values both leave descending order).
 fn top_k(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bool {
@@ -485,23 +483,26 @@ fn top_k(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bool {
     if gather_top(k, r, s).is_none() {
         return false;
     }
-    let g = &mut s.gathered;
-    if g.len() > 2 * k {
-        g.select_nth_unstable_by(k, desc);
-        g[..k].sort_unstable_by(desc);
+    let g = &s.gathered;
+    let keys = &mut s.ranks;
+    rank_keys(g, keys);
+    if keys.len() > 2 * k {
+        keys.select_nth_unstable(k);
+        keys[..k].sort_unstable();
     } else {
         // A superset not much larger than k (the usual case): one sort is cheaper than
         // selecting first.
-        g.sort_unstable_by(desc);
+        keys.sort_unstable();
     }
+    let logit = |i: usize| g[keys[i] as u32 as usize].logit;
     // Distinct kept values, and the first dropped one strictly below the last kept.
-    let distinct = g[..k].windows(2).all(|w| w[0].logit != w[1].logit);
-    if !distinct || (g.len() > k && g[k - 1].logit == g[k].logit) {
+    let distinct = (1..k).all(|i| logit(i - 1) != logit(i));
+    if !distinct || (keys.len() > k && logit(k - 1) == logit(k)) {
         // Ties (common in f16/bf16 rows): their order is libstdc++'s, replayed.
         return k <= 128 && top_k_by_heap(k, r, s, c);
     }
     c.begin(r.len());
-    c.data.extend_from_slice(&g[..k]);
+    c.data.extend(keys[..k].iter().map(|&key| g[key as u32 as usize]));
     c.sorted = true;
     true
 }
