@@ -241,6 +241,13 @@ fn prepare_f32(
     while let Some(stage) = stages.get(first) {
         match stage {
             _ if stage.is_inert() => {}
+            Stage::Penalties(pen) if s.overlay.is_empty() => {
+                // The first edits (each token once): appended, then sorted once, rather than
+                // inserted one by one in order.
+                let seen = pen.counts().filter(|&(token, _)| (token as usize) < r.len());
+                s.overlay.extend(seen.map(|(token, count)| (token, pen.penalised(r[token as usize], count))));
+                s.overlay.sort_unstable_by_key(|e| e.0);
+            }
             Stage::Penalties(pen) => {
                 for (token, count) in pen.counts() {
                     if (token as usize) < r.len() {
