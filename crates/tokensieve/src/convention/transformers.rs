@@ -27,7 +27,7 @@
 //! Buffers: every routine works in the candidates' own scratch buffer (`TokenData` used as
 //! `(index, key, p)`), so no vocabulary-sized allocation happens per token after warm-up.
 
-use crate::candidates::{Candidates, TokenData};
+use crate::candidates::{total_order_key, Candidates, TokenData};
 use crate::stdsort;
 
 pub(crate) mod row;
@@ -256,19 +256,8 @@ pub fn kth_largest_filtered(data: &[TokenData], k: usize, buf: &mut Vec<TokenDat
     Some(buf[k - 1].logit)
 }
 
-/// Order-preserving map of an f32 (not NaN) to a u32: `a < b` implies `key(a) < key(b)`
-/// (`-0.0` maps just below `+0.0`; they are equal values, which nothing here tells apart).
-#[inline]
-fn sort_key(x: f32) -> u32 {
-    let bits = x.to_bits();
-    if bits >> 31 == 1 {
-        !bits
-    } else {
-        bits | 0x8000_0000
-    }
-}
-
-/// The inverse of `sort_key`.
+/// The inverse of [`total_order_key`] (an order-preserving map of an f32 to a u32: `a < b`
+/// implies `key(a) < key(b)`; `-0.0` maps just below `+0.0`).
 #[inline]
 pub fn from_sort_key(key: u32) -> f32 {
     if key >> 31 == 1 {
@@ -278,7 +267,7 @@ pub fn from_sort_key(key: u32) -> f32 {
     }
 }
 
-/// The finite logits of `data` in ascending order, as `sort_key`s (decode with
+/// The finite logits of `data` in ascending order, as [`total_order_key`]s (decode with
 /// [`from_sort_key`]): an LSD radix sort of the values alone, so it gives the same value
 /// sequence as any correct ascending sort, torch's included, but no index order. `keys` is
 /// scratch space; returns the sorted slice, or `None` when the row holds a NaN.
@@ -289,7 +278,7 @@ pub fn sorted_finite_logits<'k>(data: &[TokenData], keys: &'k mut Vec<u32>) -> O
             return None;
         }
         if t.logit != f32::NEG_INFINITY {
-            keys.push(sort_key(t.logit));
+            keys.push(total_order_key(t.logit));
         }
     }
     let m = keys.len();

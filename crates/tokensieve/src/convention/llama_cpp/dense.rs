@@ -103,11 +103,11 @@ pub(crate) struct Scratch {
     /// Indices of the blocks that reach a threshold.
     pub(crate) blocks: Vec<TokenData>,
     /// Sort keys of `gathered` ([`rank_keys`]).
-    ranks: Vec<u64>,
+    gathered_ranks: Vec<u64>,
     /// Tokens a transformers `repetition_penalty` edits, with their processed logits.
     pub(crate) edited: Vec<TokenData>,
-    /// Processed logits (transformers row path: the k-th largest).
-    pub(crate) values: Vec<f32>,
+    /// Order keys of processed logits (transformers row path: the k-th largest).
+    pub(crate) ranks: Vec<u32>,
     /// A min-heap of block maxima (threshold selection).
     heap: Vec<f32>,
     /// Per-block f64 sums of weights (`dist`).
@@ -491,7 +491,7 @@ fn top_k(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bool {
         return false;
     }
     let g = &s.gathered;
-    let keys = &mut s.ranks;
+    let keys = &mut s.gathered_ranks;
     rank_keys(g, keys);
     if keys.len() > 2 * k {
         keys.select_nth_unstable(k);

@@ -34,11 +34,11 @@
 //! array path; the result is the same either way, which the tests below check against it.
 
 use crate::arch::{self, BLOCK};
-use crate::candidates::{Candidates, TokenData};
+use crate::candidates::{total_order_key, Candidates, TokenData};
 use crate::convention::llama_cpp::dense::{
     crossing_block, gather_at_least, gather_top, total, NearSums, Path, Prepared, Scratch, DRAW_FAR_MASSES,
 };
-use crate::convention::transformers::weight;
+use crate::convention::transformers::{from_sort_key, weight};
 use crate::error::Result;
 use crate::sampler::transformers::dist::Dist;
 use crate::sampler::{Sampler, Stage};
@@ -216,14 +216,31 @@ pub(crate) fn prepare(
     let keep_at_least = match reduce {
         Reduce::TopK(_) | Reduce::Greedy => {
             // The k-th largest processed logit over the gathered and the edited tokens.
-            s.values.clear();
-            s.values.extend(s.gathered.iter().map(|t| untouched(prefix, t.logit)));
-            s.values.extend(s.edited.iter().map(|t| t.logit));
-            if s.values.len() < k {
-                return Ok(None);
+            // PERF: selected among integer keys (`total_cmp`'s order, reversed: the largest
+            // logit first), whose partitions make no unpredictable float comparisons.
+            let key = |z: f32| !total_order_key(z);
+            let kth = |keys: &mut Vec<u32>| from_sort_key(!*keys.select_nth_unstable(k - 1).1);
+            s.ranks.clear();
+            s.ranks.extend(s.gathered.iter().map(|t| key(untouched(prefix, t.logit))));
+            if s.ranks.len() >= k {
+                // PERF: the gathered tokens' k-th largest first: an edited token at or below it
+                // cannot change it, and most edited tokens (a long history) lie far below.
+                let tau = kth(&mut s.ranks);
+                let before = s.ranks.len();
+                let above = s.edited.iter().map(|t| t.logit).filter(|z| z.total_cmp(&tau).is_gt());
+                s.ranks.extend(above.map(key));
+                if s.ranks.len() > before {
+                    kth(&mut s.ranks)
+                } else {
+                    tau
+                }
+            } else {
+                s.ranks.extend(s.edited.iter().map(|t| key(t.logit)));
+                if s.ranks.len() < k {
+                    return Ok(None);
+                }
+                kth(&mut s.ranks)
             }
-            let (_, &mut tau, _) = s.values.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
-            tau
         }
         Reduce::MinP(p, _) => {
             let max = s.gathered.iter().map(|t| untouched(prefix, t.logit)).chain(s.edited.iter().map(|t| t.logit));
