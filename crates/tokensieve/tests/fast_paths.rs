@@ -320,6 +320,51 @@ fn transformers_dist_on_flat_and_long_tailed_rows() {
     assert!(fast >= 64, "the fast path ran in only {fast} of 72 steps on peaked rows");
 }
 
+/// transformers' `top_p` on the row (`convention::transformers::row`), which needs rows whose
+/// mass sits in a few hundred tokens: peaked rows at several sharpnesses, sampled over several
+/// steps against the array path. The random chains above rarely reach it (their rows are
+/// smaller or flatter), so this also counts the steps it decided itself.
+#[test]
+fn transformers_top_p_on_large_rows() {
+    let mut fast = 0;
+    let mut steps = 0;
+    for (i, v) in [32_000usize, 128_256].into_iter().enumerate() {
+        for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::ShiftedDown] {
+            for scale in [1.0f32, 3.0, 10.0] {
+                let row: Vec<f32> = generate::row(kind, v, i as u64 + 7).into_iter().map(|x| x * scale).collect();
+                for spec in
+                    ["top_p(0.95);dist", "temperature(0.8);top_p(0.9);dist", "top_p(0.5);dist", "top_p(0.999,3);dist"]
+                {
+                    let ctx = BuildContext::new(v, RngConfig::philox(i as u64 + 11))
+                        .with_convention(tokensieve::Convention::Transformers);
+                    let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+                    let mut stages = chain.stages().to_vec();
+                    let (mut got_dense, mut want_dense) = (vec![0.0f32; v], vec![0.0f32; v]);
+                    for step in 0..4 {
+                        let want = array_path(&mut stages, &row).unwrap();
+                        let got = chain.sample(&row).unwrap();
+                        steps += 1;
+                        fast += (chain.last_path() == Path::Fast("top_p")) as usize;
+                        assert_eq!(Some(got), want.selected_token(), "{spec} {kind:?} x{scale} V={v} step {step}");
+                        // The survivors too (the sparse view against the dense row), logit bits
+                        // included: the token alone rarely tells a cut one position off.
+                        chain.candidates().write_dense(&mut got_dense);
+                        want.write_dense(&mut want_dense);
+                        let bits = |d: &[f32]| d.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert!(
+                            bits(&got_dense) == bits(&want_dense),
+                            "{spec} {kind:?} x{scale} V={v} step {step}: survivors differ"
+                        );
+                        stages.iter_mut().for_each(|s| s.accept(got));
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("transformers top_p on large rows: {fast} of {steps} took the fast path");
+    assert!(fast >= steps / 4, "only {fast} of {steps}");
+}
+
 /// The exact softmax sum that skips provable no-op additions, and `top_p` built on it, on
 /// large rows of every realistic shape, sharpened and flattened (so that the mass is reached
 /// within the first 32, within 256, or not at all).

@@ -103,7 +103,9 @@ pub(crate) struct Scratch {
     /// Indices of the blocks that reach a threshold.
     pub(crate) blocks: Vec<TokenData>,
     /// Sort keys of `gathered` ([`rank_keys`]).
-    gathered_ranks: Vec<u64>,
+    pub(crate) gathered_ranks: Vec<u64>,
+    /// f64 weights of `gathered` (transformers row `top_p`).
+    pub(crate) top_weights: Vec<f64>,
     /// Tokens a transformers `repetition_penalty` edits, with their processed logits.
     pub(crate) edited: Vec<TokenData>,
     /// Order keys of processed logits (transformers row path: the k-th largest).

@@ -496,8 +496,11 @@ fn top_p_within(
                 s.gathered.iter_mut().for_each(|tok| tok.logit /= t);
                 let floor = s.gathered.iter().fold(f32::INFINITY, |m, tok| m.min(tok.logit));
                 s.gathered.retain(|tok| tok.logit > floor);
-                s.gathered.sort_unstable_by(|a, b| a.logit.total_cmp(&b.logit).then(a.id.cmp(&b.id)));
-                let a = s.gathered.iter().map(|tok| weight(tok.logit, max)).sum();
+                sort_ascending_by_logit_then_id(&mut s.gathered, &mut s.gathered_ranks);
+                // The weights, kept for the walk below.
+                s.top_weights.clear();
+                s.top_weights.extend(s.gathered.iter().map(|tok| weight(tok.logit, max)));
+                let a = s.top_weights.iter().sum();
                 *top.a.insert(a)
             }
         };
@@ -524,12 +527,11 @@ fn top_p_within(
     }
     let (mut lo, mut hi) = (c0_lo, c0_hi);
     let mut cut = None;
-    for (j, tok) in g.iter().enumerate() {
+    for (j, &w) in s.top_weights.iter().enumerate() {
         if n - m + j >= removable {
             cut = Some(j);
             break;
         }
-        let w = weight(tok.logit, max);
         lo = (lo + (w / s_hi) as f32 as f64) * (1.0 - slack);
         hi = (hi + (w / s_lo) as f32 as f64) * (1.0 + slack);
         if hi as f32 <= threshold {
@@ -545,12 +547,29 @@ fn top_p_within(
     if cut > 0 && g[cut - 1].logit == g[cut].logit {
         return Ok(false); // equal values straddle the cut: torch's sort order picks which go
     }
-    // The survivors, in id order.
+    // The survivors, in id order (sorted as integer keys: id, then the logit's bits).
     c.begin(n);
-    c.data.extend_from_slice(&g[cut..]);
-    c.data.sort_unstable_by_key(|tok| tok.id);
+    let keys = &mut s.gathered_ranks;
+    keys.clear();
+    keys.extend(g[cut..].iter().map(|tok| (u64::from(tok.id) << 32) | u64::from(tok.logit.to_bits())));
+    keys.sort_unstable();
+    c.data.extend(keys.iter().map(|&k| TokenData { id: (k >> 32) as u32, logit: f32::from_bits(k as u32), p: 0.0 }));
     c.sparse = true;
     Ok(true)
+}
+
+/// Sorts `data` by logit, ascending (`f32::total_cmp`'s order), ties by ascending id, as
+/// integer keys (`keys` is scratch); the `p` fields are zeroed.
+///
+/// PERF: about half the time of sorting the 12-byte entries with a float comparator (see
+/// [`rank_keys`](crate::candidates::rank_keys)).
+fn sort_ascending_by_logit_then_id(data: &mut [TokenData], keys: &mut Vec<u64>) {
+    keys.clear();
+    keys.extend(data.iter().map(|t| (u64::from(total_order_key(t.logit)) << 32) | u64::from(t.id)));
+    keys.sort_unstable();
+    for (t, &k) in data.iter_mut().zip(keys.iter()) {
+        *t = TokenData { id: k as u32, logit: from_sort_key((k >> 32) as u32), p: 0.0 };
+    }
 }
 
 /// The token transformers' `dist` selects for draw `u` over the weights
