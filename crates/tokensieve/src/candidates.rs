@@ -30,8 +30,8 @@ pub(crate) fn total_order_key(x: f32) -> u32 {
 }
 
 /// Fills `keys` (cleared first) with one key per entry of `data`, whose ascending order is the
-/// entries' by logit, largest first (`f32::total_cmp`'s order), ties in their order in
-/// `data`. The low 32 bits of a key are its entry's index in `data`.
+/// entries' by logit, largest first (`f32::total_cmp`'s order, but `-0.0` equal to `0.0`), ties
+/// in their order in `data`. The low 32 bits of a key are its entry's index in `data`.
 ///
 /// PERF: sorting these `u64`s (`sort_unstable` sorts small runs of integers without branches)
 /// and reading the entries back by index takes about half the time of sorting the 12-byte
@@ -39,7 +39,8 @@ pub(crate) fn total_order_key(x: f32) -> u32 {
 /// gathers.
 pub(crate) fn rank_keys(data: &[TokenData], keys: &mut Vec<u64>) {
     keys.clear();
-    keys.extend(data.iter().enumerate().map(|(i, t)| (u64::from(!total_order_key(t.logit)) << 32) | i as u64));
+    // `x + 0.0` is `0.0` for `-0.0` and `x` otherwise.
+    keys.extend(data.iter().enumerate().map(|(i, t)| (u64::from(!total_order_key(t.logit + 0.0)) << 32) | i as u64));
 }
 
 /// The candidate array of one sampling step. See the module docs.

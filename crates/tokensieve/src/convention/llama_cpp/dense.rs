@@ -1220,20 +1220,18 @@ fn raw_logprobs_f32(
     }
     let lse = summary.max as f64 + (arch::exp_sum_sequential(0.0, r, summary.max, &s.block_max) as f64).ln();
     if n > 0 {
-        let g = &mut s.gathered;
-        let by_rank = |a: &TokenData, b: &TokenData| {
-            b.logit.partial_cmp(&a.logit).unwrap_or(std::cmp::Ordering::Equal).then(a.id.cmp(&b.id))
-        };
-        if g.len() > n {
-            g.select_nth_unstable_by(n, by_rank);
+        // By logit, largest first, ties to the lower id: `gathered` is in id order.
+        let (g, keys) = (&s.gathered, &mut s.gathered_ranks);
+        rank_keys(g, keys);
+        if keys.len() > n {
+            keys.select_nth_unstable(n);
         }
-        let keep = n.min(g.len());
-        g[..keep].sort_unstable_by(by_rank);
-        out.extend(
-            g[..keep]
-                .iter()
-                .map(|t| crate::logprobs::TokenLogprob { token: t.id, logprob: (t.logit as f64 - lse) as f32 }),
-        );
+        let keep = n.min(keys.len());
+        keys[..keep].sort_unstable();
+        out.extend(keys[..keep].iter().map(|&key| {
+            let t = g[key as u32 as usize];
+            crate::logprobs::TokenLogprob { token: t.id, logprob: (t.logit as f64 - lse) as f32 }
+        }));
     }
     Some((r[token as usize] as f64 - lse) as f32)
 }
