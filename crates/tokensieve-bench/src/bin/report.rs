@@ -95,7 +95,14 @@ fn machine() -> String {
         std::env::consts::OS,
         std::env::consts::ARCH,
         arch::isa(),
-        if arch::avx512() { " (+ AVX-512 exp kernels: approximate block sums, llama.cpp's softmax sum)" } else { "" },
+        match (arch::avx512(), arch::avx512vl()) {
+            (true, true) => {
+                " (+ AVX-512 exp kernels: approximate block sums, llama.cpp's softmax sum; AVX-512VL NaN watch in the row summary)"
+            }
+            (true, false) => " (+ AVX-512 exp kernels: approximate block sums, llama.cpp's softmax sum)",
+            (false, true) => " (+ AVX-512VL NaN watch in the row summary)",
+            (false, false) => "",
+        },
         if arch::vectorised_exp() { "yes" } else { "no" }
     )
 }

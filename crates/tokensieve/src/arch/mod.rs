@@ -134,9 +134,15 @@ pub fn isa() -> Isa {
 
 /// True when the AVX-512 kernels of [`exp_block_sums_approx`] and [`exp_sum_sequential`] are
 /// in use (AVX-512F and POPCNT detected beside AVX2 and FMA). The other kernels are AVX2's
-/// either way.
+/// either way (but see [`avx512vl`]).
 pub fn avx512() -> bool {
     caps().avx512
+}
+
+/// True when [`summarize`] and [`locate_max`] watch for NaN with AVX-512VL mask compares
+/// (AVX-512F and AVX-512VL detected beside AVX2 and FMA).
+pub fn avx512vl() -> bool {
+    caps().avx512vl && caps().isa == Isa::Avx2
 }
 
 /// True when the vectorised `expf` is in use (it matched the platform's `expf` on the probe
