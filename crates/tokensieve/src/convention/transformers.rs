@@ -256,7 +256,7 @@ pub fn kth_largest_filtered(data: &[TokenData], k: usize, buf: &mut Vec<TokenDat
     Some(buf[k - 1].logit)
 }
 
-/// The inverse of [`total_order_key`] (an order-preserving map of an f32 to a u32: `a < b`
+/// The inverse of the crate's order key of an f32 (an order-preserving map to a u32: `a < b`
 /// implies `key(a) < key(b)`; `-0.0` maps just below `+0.0`).
 #[inline]
 pub fn from_sort_key(key: u32) -> f32 {
@@ -267,7 +267,7 @@ pub fn from_sort_key(key: u32) -> f32 {
     }
 }
 
-/// The finite logits of `data` in ascending order, as [`total_order_key`]s (decode with
+/// The finite logits of `data` in ascending order, as order keys (decode with
 /// [`from_sort_key`]): an LSD radix sort of the values alone, so it gives the same value
 /// sequence as any correct ascending sort, torch's included, but no index order. `keys` is
 /// scratch space; returns the sorted slice, or `None` when the row holds a NaN.
