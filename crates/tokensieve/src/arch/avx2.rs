@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-pub(super) unsafe fn hmax(v: __m256) -> f32 {
+unsafe fn hmax(v: __m256) -> f32 {
     let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
@@ -69,7 +69,7 @@ unsafe fn block_max_tree(p: *const f32) -> __m256 {
 /// for eight blocks, against 24 and 24 for eight [`hmax`]. NaN lanes may be dropped.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-pub(super) unsafe fn hmax8(m: &[__m256; 8]) -> __m256 {
+unsafe fn hmax8(m: &[__m256; 8]) -> __m256 {
     // Per 128-bit half, `[a02, b02, a13, b13]`: pairs of lanes of `a` and `b` reduced.
     let pair = |a: __m256, b: __m256| _mm256_max_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
     // Per half, `[a, b, c, d]` each over the half's four lanes.
