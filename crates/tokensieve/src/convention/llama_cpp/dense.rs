@@ -249,6 +249,7 @@ fn prepare_f32(
                 let seen = pen.counts().filter(|&(token, _)| (token as usize) < r.len());
                 s.overlay.extend(seen.map(|(token, count)| (token, pen.penalised(r[token as usize], count))));
                 s.overlay.sort_unstable_by_key(|e| e.0);
+                debug_assert!(s.overlay.windows(2).all(|w| w[0].0 < w[1].0), "a token counted twice");
             }
             Stage::Penalties(pen) => {
                 for (token, count) in pen.counts() {
