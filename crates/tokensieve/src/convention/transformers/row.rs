@@ -213,6 +213,9 @@ pub(crate) fn prepare(
         Reduce::Greedy | Reduce::MinP(..) => 1,
     };
     let Some(gathered_from) = gather_top(k, r, s) else { return Ok(None) };
+    // The gathered tokens are untouched: their processed logits, once, in place.
+    let process = |g: &mut [TokenData]| g.iter_mut().for_each(|t| t.logit = untouched(prefix, t.logit));
+    process(&mut s.gathered);
     let keep_at_least = match reduce {
         Reduce::TopK(_) | Reduce::Greedy => {
             // The k-th largest processed logit over the gathered and the edited tokens.
@@ -221,7 +224,7 @@ pub(crate) fn prepare(
             let key = |z: f32| !total_order_key(z);
             let kth = |keys: &mut Vec<u32>| from_sort_key(!*keys.select_nth_unstable(k - 1).1);
             s.ranks.clear();
-            s.ranks.extend(s.gathered.iter().map(|t| key(untouched(prefix, t.logit))));
+            s.ranks.extend(s.gathered.iter().map(|t| key(t.logit)));
             if s.ranks.len() >= k {
                 // PERF: the gathered tokens' k-th largest first: an edited token at or below it
                 // cannot change it, and most edited tokens (a long history) lie far below.
@@ -243,7 +246,7 @@ pub(crate) fn prepare(
             }
         }
         Reduce::MinP(p, _) => {
-            let max = s.gathered.iter().map(|t| untouched(prefix, t.logit)).chain(s.edited.iter().map(|t| t.logit));
+            let max = s.gathered.iter().chain(&s.edited).map(|t| t.logit);
             let max = max.fold(f32::NEG_INFINITY, f32::max);
             match min_p_floor(p, max, v) {
                 Some(floor) => floor,
@@ -257,16 +260,18 @@ pub(crate) fn prepare(
     let floor = raw_floor(prefix, keep_at_least);
     if floor < gathered_from {
         gather_at_least(r, &s.block_max, &s.overlay, floor, &mut s.gathered, &mut s.blocks);
+        process(&mut s.gathered);
     }
 
-    // The survivors, in id order: gathered (untouched) and edited tokens merged.
+    // The survivors, in id order: gathered (untouched, processed above) and edited tokens
+    // merged.
     c.begin(v);
     let mut edits = s.edited.iter().peekable();
     for t in &s.gathered {
         while let Some(e) = edits.next_if(|e| e.id < t.id) {
             push_if(c, *e, keep_at_least);
         }
-        push_if(c, TokenData { id: t.id, logit: untouched(prefix, t.logit), p: 0.0 }, keep_at_least);
+        push_if(c, TokenData { id: t.id, logit: t.logit, p: 0.0 }, keep_at_least);
     }
     for e in edits {
         push_if(c, *e, keep_at_least);
