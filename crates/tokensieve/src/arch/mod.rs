@@ -1264,16 +1264,28 @@ mod tests {
         kernels
     }
 
+    /// Model-like logits (5000 values falling away from the maximum) shifted by 15, 0, -40
+    /// and 300; the rows shifted by 15 and -40 also get `shift + e` for each `e` of `extra`
+    /// (weights that are subnormal, underflow, or `-inf`).
+    fn model_like_rows(extra: &[f32]) -> Vec<Vec<f32>> {
+        let base: Vec<f32> = (0..5000).map(|i| -((i as f32) * 0.0213).powf(1.3)).collect();
+        [(15.0f32, true), (0.0, false), (-40.0, true), (300.0, false)]
+            .into_iter()
+            .map(|(shift, with_extra)| {
+                let mut x: Vec<f32> = base.iter().map(|&v| v + shift).collect();
+                if with_extra {
+                    x.extend(extra.iter().map(|&e| shift + e));
+                }
+                x
+            })
+            .collect()
+    }
+
     #[test]
     fn block_sums_are_exact_and_the_approximation_within_its_bound() {
         // Logits as a model's (maximum near +15 or far from 0), temperatures, and rows holding
         // -inf and values whose weights underflow.
-        let base: Vec<f32> = (0..5000).map(|i| -((i as f32) * 0.0213).powf(1.3)).collect();
-        for (shift, extra) in [(15.0f32, true), (0.0, false), (-40.0, true), (300.0, false)] {
-            let mut x: Vec<f32> = base.iter().map(|&v| v + shift).collect();
-            if extra {
-                x.extend([f32::NEG_INFINITY, shift - 87.0, shift - 104.0, shift - 300.0, shift]);
-            }
+        for (row, x) in model_like_rows(&[f32::NEG_INFINITY, -87.0, -104.0, -300.0, 0.0]).into_iter().enumerate() {
             for div in [1.0f32, 0.8, 2.5, 0.1] {
                 let sub = portable::max(&x) / div;
                 let nb = x.len().div_ceil(BLOCK);
@@ -1289,13 +1301,13 @@ mod tests {
                         pa += approx[b];
                         assert!(
                             (pa - pe).abs() <= bound,
-                            "{kernel}: shift {shift} div {div} block {b}: {pa} vs {pe} (bound {bound})"
+                            "{kernel}: row {row} div {div} block {b}: {pa} vs {pe} (bound {bound})"
                         );
                     }
                     // The bound is useful: tight enough to locate draws among realistic weights.
                     // (It grows with |sub|: llama.cpp rounds `l / t` at that magnitude.)
                     if sub.abs() <= 100.0 {
-                        assert!(bound <= 1e-4 * pe, "{kernel}: shift {shift} div {div}: bound {bound} for sum {pe}");
+                        assert!(bound <= 1e-4 * pe, "{kernel}: row {row} div {div}: bound {bound} for sum {pe}");
                     }
                 }
             }
@@ -1360,20 +1372,7 @@ mod tests {
     fn cheap_sums_bound_every_block() {
         // Model-like logits at several offsets (|sub| up to 3000), -inf, weights that are
         // subnormal or underflow, a partial last block; `rho` stays small where it matters.
-        let base: Vec<f32> = (0..5000).map(|i| -((i as f32) * 0.0213).powf(1.3)).collect();
-        for (shift, extra) in [(15.0f32, true), (0.0, false), (-40.0, true), (300.0, false)] {
-            let mut x: Vec<f32> = base.iter().map(|&v| v + shift).collect();
-            if extra {
-                x.extend([
-                    f32::NEG_INFINITY,
-                    shift - 87.0,
-                    shift - 87.5,
-                    shift - 88.5,
-                    shift - 104.0,
-                    shift - 300.0,
-                    shift,
-                ]);
-            }
+        for x in model_like_rows(&[f32::NEG_INFINITY, -87.0, -87.5, -88.5, -104.0, -300.0, 0.0]) {
             for div in [1.0f32, 0.8, 2.5, 0.1] {
                 assert!(check_cheap_sums(&x, div) > 0);
             }
