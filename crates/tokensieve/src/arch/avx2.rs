@@ -676,8 +676,31 @@ pub unsafe fn exp_shifted_sum(src: &[f32], div: f32, sub: f32) -> f64 {
 /// # Safety
 /// The CPU must support AVX2 and FMA (see the module docs).
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32]) -> f32 {
-    exp_sum_sequential_with::<Avx2Scan>(start, row, sub, block_max)
+pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> f32 {
+    exp_sum_sequential_with::<Avx2Scan>(start, row, sub, block_max, patches).0
+}
+
+/// See [`super::exp_sum_unordered`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (see the module docs).
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn exp_sum_unordered(
+    start: f32,
+    row: &[f32],
+    sub: f32,
+    block_max: &[f32],
+    patches: &[(u32, f32)],
+) -> Option<f32> {
+    unordered(start, exp_sum_sequential_with::<Avx2Scan>(start, row, sub, block_max, patches))
+}
+
+/// [`super::exp_sum_unordered`]'s verdict on a sequential sum from `start`: the sum, when
+/// every group took the integer path and the sum never left `start`'s binade (it only grows,
+/// so the same exponent at the end means the same one throughout).
+#[inline]
+pub(super) fn unordered(start: f32, (sum, integral): (f32, bool)) -> Option<f32> {
+    (integral && sum.to_bits() >> 23 == start.to_bits() >> 23).then_some(sum)
 }
 
 /// How [`exp_sum_sequential_with`] finds, queues and adds the entries of whole blocks: 8 lanes
@@ -694,8 +717,9 @@ pub(super) trait BlockScan {
     /// Writes the selected entries, in order, to the start of `dst` (which has room for
     /// [`BLOCK`] + 8 values; what lies past the count is garbage); returns the count.
     unsafe fn pack(block: &[f32; BLOCK], masks: Self::Masks, dst: &mut [f32]) -> usize;
-    /// [`add_group`]'s result, bit for bit (`xs` as there).
-    unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32;
+    /// [`add_group`]'s result, bit for bit (`xs` as there), and whether its integer path
+    /// added the group.
+    unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> (f32, bool);
 }
 
 /// Blocks whose maxima [`exp_sum_sequential_with`] compares with the threshold at once.
@@ -748,7 +772,7 @@ impl BlockScan for Avx2Scan {
     }
 
     #[inline(always)]
-    unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
+    unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> (f32, bool) {
         add_group(sum, xs, sub)
     }
 }
@@ -766,7 +790,8 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
     row: &[f32],
     sub: f32,
     block_max: &[f32],
-) -> f32 {
+    patches: &[(u32, f32)],
+) -> (f32, bool) {
     const QUEUE: usize = 256;
     // Blocks with at least this many entries at or above the threshold are added whole.
     const DENSE: usize = 40;
@@ -785,6 +810,11 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
     let mut cur = 0;
     let mut n = 0;
     let mut waiting = 0;
+    // The next patch not yet applied, and the buffer a patched block is read from.
+    let mut patch = 0;
+    let mut patched = [0.0f32; BLOCK];
+    // Whether every group so far took `add_group`'s integer path.
+    let mut integral = true;
     // Raises `bound` (and `threshold`) to `log_half_ulp(lower)` for a new lower bound `lower`
     // of the running sum.
     let raise = |lower: f32, bound: &mut f32, threshold: &mut f32| {
@@ -805,7 +835,12 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
             let j = passing.trailing_zeros() as usize;
             passing &= passing - 1;
             let bm = maxima[j];
-            if bm > prefix_max {
+            let first = (g * GROUP + j) * BLOCK;
+            let end = row.len().min(first + BLOCK);
+            let is_patched = super::block_is_patched(patches, &mut patch, first, end);
+            // A patched block's maximum may be gone from the sum: it bounds the block (for the
+            // skip) but is no weight the sum has seen.
+            if bm > prefix_max && !is_patched {
                 raise((prefix_max - sub).exp(), &mut bound, &mut threshold);
                 prefix_max = bm;
             }
@@ -813,21 +848,26 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
             if bm < threshold {
                 continue;
             }
-            let first = (g * GROUP + j) * BLOCK;
-            let block = &row[first..row.len().min(first + BLOCK)];
+            let block = if is_patched {
+                super::patch_block(row, first, end, patches, &mut patch, &mut patched)
+            } else {
+                &row[first..end]
+            };
             if let Ok(whole) = <&[f32; BLOCK]>::try_from(block) {
                 let (masks, count) = S::select(whole, threshold);
                 if count >= DENSE {
                     // In order: what is queued comes first.
                     if waiting > 0 {
-                        sum = add_queued::<S>(sum, &mut queues[1 - cur], waiting, sub);
+                        sum = add_queued::<S>(sum, &mut queues[1 - cur], waiting, sub, &mut integral);
                         waiting = 0;
                     }
                     if n > 0 {
-                        sum = add_queued::<S>(sum, &mut queues[cur], n, sub);
+                        sum = add_queued::<S>(sum, &mut queues[cur], n, sub, &mut integral);
                         n = 0;
                     }
-                    sum = S::add_group(sum, block, sub);
+                    let (s, exact) = S::add_group(sum, block, sub);
+                    sum = s;
+                    integral &= exact;
                     raise(sum, &mut bound, &mut threshold);
                     continue;
                 }
@@ -843,7 +883,7 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
             }
             if n >= QUEUE {
                 if waiting > 0 {
-                    sum = add_queued::<S>(sum, &mut queues[1 - cur], waiting, sub);
+                    sum = add_queued::<S>(sum, &mut queues[1 - cur], waiting, sub, &mut integral);
                     raise(sum, &mut bound, &mut threshold);
                 }
                 waiting = n;
@@ -853,9 +893,10 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
         }
     }
     if waiting > 0 {
-        sum = add_queued::<S>(sum, &mut queues[1 - cur], waiting, sub);
+        sum = add_queued::<S>(sum, &mut queues[1 - cur], waiting, sub, &mut integral);
     }
-    add_queued::<S>(sum, &mut queues[cur], n, sub)
+    let sum = add_queued::<S>(sum, &mut queues[cur], n, sub, &mut integral);
+    (sum, integral)
 }
 
 /// How many bits of each byte are set (`count_ones` without the `popcnt` feature compiles to
@@ -871,13 +912,16 @@ static POPCOUNT: [u8; 256] = {
 };
 
 /// Adds the first `n` entries of `vals` (`S::add_group` per [`BLOCK`]), after padding them
-/// with -inf to a whole vector of 8 (`vals` must have room for it).
+/// with -inf to a whole vector of 8 (`vals` must have room for it); clears `integral` when a
+/// group was added one weight at a time.
 #[inline(always)]
-unsafe fn add_queued<S: BlockScan>(mut sum: f32, vals: &mut [f32], n: usize, sub: f32) -> f32 {
+unsafe fn add_queued<S: BlockScan>(mut sum: f32, vals: &mut [f32], n: usize, sub: f32, integral: &mut bool) -> f32 {
     let padded = n.div_ceil(8) * 8;
     vals[n..padded].fill(f32::NEG_INFINITY);
     for group in vals[..padded].chunks(BLOCK) {
-        sum = S::add_group(sum, group, sub);
+        let (s, exact) = S::add_group(sum, group, sub);
+        sum = s;
+        *integral &= exact;
     }
     sum
 }
@@ -913,7 +957,7 @@ unsafe fn add_queued<S: BlockScan>(mut sum: f32, vals: &mut [f32], n: usize, sub
 /// slow microcode assists for subnormal inputs. Sums below 2^-102 (`E < 25`) and `+inf` take
 /// the plain loop.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
+unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> (f32, bool) {
     debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
     let s = _mm256_set1_ps(sub);
     let scale = ulp_scale(sum);
@@ -954,17 +998,17 @@ pub(super) fn ulp_scale(sum: f32) -> Option<f32> {
 /// The end of [`add_group`] (and of its 16-lane copy): `sum` plus `total` ulps, committed to
 /// its bits where the increments are `exact` (a scale, no tie, no lane out of range) and the
 /// significand has room (see the proof at `add_group`); otherwise the weights `w` added one
-/// by one, as the plain loop does.
+/// by one, as the plain loop does. The flag: whether the integer path was taken.
 #[inline]
-pub(super) fn commit_group(mut sum: f32, exact: bool, total: u32, w: &[f32]) -> f32 {
+pub(super) fn commit_group(mut sum: f32, exact: bool, total: u32, w: &[f32]) -> (f32, bool) {
     let bits = sum.to_bits();
     if exact && total <= (1 << 23) - (bits & 0x7f_ffff) {
-        return f32::from_bits(bits + total);
+        return (f32::from_bits(bits + total), true);
     }
     for &x in w {
         sum += x;
     }
-    sum
+    (sum, false)
 }
 
 /// The sum of the 8 lanes (the callers' totals stay below 2^31).

@@ -235,8 +235,25 @@ pub unsafe fn cheap_block_sums_at(src: &[f32], a: f32, b: f32, blocks: &[u32], o
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
 #[target_feature(enable = "avx512f,avx2,fma,popcnt")]
-pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32]) -> f32 {
-    super::avx2::exp_sum_sequential_with::<Avx512Scan>(start, row, sub, block_max)
+pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> f32 {
+    super::avx2::exp_sum_sequential_with::<Avx512Scan>(start, row, sub, block_max, patches).0
+}
+
+/// See [`super::exp_sum_unordered`]: [`exp_sum_sequential`]'s kernel with
+/// [`super::avx2`]'s verdict.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
+#[target_feature(enable = "avx512f,avx2,fma,popcnt")]
+pub unsafe fn exp_sum_unordered(
+    start: f32,
+    row: &[f32],
+    sub: f32,
+    block_max: &[f32],
+    patches: &[(u32, f32)],
+) -> Option<f32> {
+    let sum = super::avx2::exp_sum_sequential_with::<Avx512Scan>(start, row, sub, block_max, patches);
+    super::avx2::unordered(start, sum)
 }
 
 struct Avx512Scan;
@@ -251,7 +268,7 @@ impl super::avx2::BlockScan for Avx512Scan {
     }
 
     #[inline(always)]
-    unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
+    unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> (f32, bool) {
         add_group(sum, xs, sub)
     }
 
@@ -370,7 +387,7 @@ pub(super) unsafe fn expf_each(src: &[f32], out: &mut [f32]) {
 /// how the lanes are grouped). `xs` holds a multiple of 8 and at most [`BLOCK`] entries; a
 /// last half vector is loaded masked, its other lanes as `-inf` (weight 0, increment 0).
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
+unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> (f32, bool) {
     debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
     let c = ExpfConsts::new();
     let s = _mm512_set1_ps(sub);

@@ -352,7 +352,33 @@ pub fn exp_shifted_sum(src: &[f32], div: f32, sub: f32) -> f64 {
 /// where a weight is an exact tie or the sum leaves the binade (the proof is at
 /// `avx2::add_group`).
 pub fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32]) -> f32 {
+    exp_sum_sequential_patched(start, row, sub, block_max, &[])
+}
+
+/// [`exp_sum_sequential`] over `row` with some entries replaced: `patches` lists
+/// `(index, value)` pairs in increasing index order, each `index < row.len()` and each `value`
+/// at most the entry it replaces (so `block_max` still bounds every block; `-inf` takes an
+/// entry out of the sum). The sum is the plain loop's over the patched row, bit for bit.
+///
+/// Raw logprobs use it for llama.cpp server's summation order, which is the row's after a
+/// partial sort has moved some entries (see [`crate::logprobs`]).
+///
+/// ```
+/// use tokensieve::arch::{exp_sum_sequential_patched, summarize};
+/// let row = [0.0f32, -1.0, -2.0, -0.5];
+/// let mut block_max = Vec::new();
+/// summarize(&row, &mut block_max);
+/// // Entry 3 taken out and entry 1 lowered to -2.0:
+/// let sum = exp_sum_sequential_patched(0.0, &row, 0.0, &block_max, &[(1, -2.0), (3, f32::NEG_INFINITY)]);
+/// assert_eq!(sum, ((0.0f32.exp() + (-2.0f32).exp()) + (-2.0f32).exp()) + 0.0);
+/// ```
+pub fn exp_sum_sequential_patched(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> f32 {
     assert_eq!(block_max.len(), row.len().div_ceil(BLOCK), "exp_sum_sequential: wrong block count");
+    assert!(
+        patches.windows(2).all(|w| w[0].0 < w[1].0) && patches.last().is_none_or(|p| (p.0 as usize) < row.len()),
+        "exp_sum_sequential_patched: patches out of order or out of range"
+    );
+    debug_assert!(patches.iter().all(|&(i, v)| v <= row[i as usize]), "a patch may only lower an entry");
     let c = caps();
     if c.exact_exp {
         #[cfg(target_arch = "x86_64")]
@@ -360,12 +386,84 @@ pub fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32]) 
         // `avx512` only beside them when AVX-512F and POPCNT were too.
         unsafe {
             if c.avx512 {
-                return avx512::exp_sum_sequential(start, row, sub, block_max);
+                return avx512::exp_sum_sequential(start, row, sub, block_max, patches);
             }
-            return avx2::exp_sum_sequential(start, row, sub, block_max);
+            return avx2::exp_sum_sequential(start, row, sub, block_max, patches);
         }
     }
-    portable::exp_sum_sequential(start, row, sub, block_max)
+    portable::exp_sum_sequential(start, row, sub, block_max, patches)
+}
+
+/// The sum of [`exp_sum_sequential_patched`] when it does not depend on the order in which the
+/// weights are added, `None` when it may (or on CPUs without the kernels below).
+///
+/// While a running sum stays in one binade, adding a weight moves it by a whole number of that
+/// binade's ulps (the weight divided by the ulp, rounded to nearest), independent of the sum,
+/// unless the quotient is a tie (`j + 1/2`, where the sum's last bit decides). So when every
+/// weight that can change the sum is added that way (the AVX2/AVX-512 kernels' integer path,
+/// which also certifies that no quotient is a tie) and the sum ends in `start`'s binade (it
+/// only grows, so it never left it), any order of the same weights from `start` gives these
+/// bits. Raw logprobs use it to sum the row in llama-server's order (a permutation of the row)
+/// without computing that order.
+///
+/// ```
+/// use tokensieve::arch::{exp_sum_sequential_patched, exp_sum_unordered, summarize};
+/// let row: Vec<f32> = (0..5000).map(|i| -10.0 - (i % 97) as f32 * 0.1).collect();
+/// let mut block_max = Vec::new();
+/// summarize(&row, &mut block_max);
+/// if let Some(sum) = exp_sum_unordered(1.0, &row, 0.0, &block_max, &[]) {
+///     assert_eq!(sum, exp_sum_sequential_patched(1.0, &row, 0.0, &block_max, &[]));
+/// }
+/// ```
+pub fn exp_sum_unordered(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> Option<f32> {
+    assert_eq!(block_max.len(), row.len().div_ceil(BLOCK), "exp_sum_unordered: wrong block count");
+    assert!(
+        patches.windows(2).all(|w| w[0].0 < w[1].0) && patches.last().is_none_or(|p| (p.0 as usize) < row.len()),
+        "exp_sum_unordered: patches out of order or out of range"
+    );
+    debug_assert!(patches.iter().all(|&(i, v)| v <= row[i as usize]), "a patch may only lower an entry");
+    let c = caps();
+    if c.exact_exp {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `exp_sum_sequential_patched`.
+        unsafe {
+            if c.avx512 {
+                return avx512::exp_sum_unordered(start, row, sub, block_max, patches);
+            }
+            return avx2::exp_sum_unordered(start, row, sub, block_max, patches);
+        }
+    }
+    None
+}
+
+/// For the sequential sums, which visit blocks in increasing order: whether a patch falls in
+/// `row[first..end]`. `cursor` is the first patch not yet passed; patches before `first` (in
+/// skipped blocks, where they only lowered entries already below the threshold) are passed.
+#[inline]
+pub(crate) fn block_is_patched(patches: &[(u32, f32)], cursor: &mut usize, first: usize, end: usize) -> bool {
+    while patches.get(*cursor).is_some_and(|p| (p.0 as usize) < first) {
+        *cursor += 1;
+    }
+    patches.get(*cursor).is_some_and(|p| (p.0 as usize) < end)
+}
+
+/// `row[first..end]` with its patches applied (from `cursor`, which passes them), in `buf`.
+#[inline]
+pub(crate) fn patch_block<'a>(
+    row: &[f32],
+    first: usize,
+    end: usize,
+    patches: &[(u32, f32)],
+    cursor: &mut usize,
+    buf: &'a mut [f32; BLOCK],
+) -> &'a [f32] {
+    let block = &mut buf[..end - first];
+    block.copy_from_slice(&row[first..end]);
+    while let Some(&(i, v)) = patches.get(*cursor).filter(|p| (p.0 as usize) < end) {
+        block[i as usize - first] = v;
+        *cursor += 1;
+    }
+    block
 }
 
 /// Natural log of half an ulp of a non-negative f32 `sum`, minus a margin of 0.01 that covers
@@ -694,13 +792,20 @@ pub mod portable {
     }
 
     /// See [`super::exp_sum_sequential`].
-    pub fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32]) -> f32 {
+    pub fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> f32 {
         let mut sum = start;
         let mut bound = super::log_half_ulp(sum);
-        for (&bm, block) in block_max.iter().zip(row.chunks(BLOCK)) {
+        let (mut patch, mut buf) = (0, [0.0f32; BLOCK]);
+        for (b, &bm) in block_max.iter().enumerate() {
             if bm - sub < bound {
                 continue;
             }
+            let (first, end) = (b * BLOCK, row.len().min(b * BLOCK + BLOCK));
+            let block = if super::block_is_patched(patches, &mut patch, first, end) {
+                super::patch_block(row, first, end, patches, &mut patch, &mut buf)
+            } else {
+                &row[first..end]
+            };
             let threshold = super::skip_threshold(sub, bound);
             for &x in block {
                 if x >= threshold {
@@ -1025,14 +1130,83 @@ mod tests {
             }
             let mut bm = Vec::new();
             portable::summarize(&r, &mut bm);
-            prop_assert_eq!(portable::exp_sum_sequential(0.0, &r, sub, &bm).to_bits(), plain.to_bits());
+            prop_assert_eq!(portable::exp_sum_sequential(0.0, &r, sub, &bm, &[]).to_bits(), plain.to_bits());
             for (kernel, sequential) in sequential_kernels() {
-                prop_assert_eq!(sequential(0.0, &r, sub, &bm).to_bits(), plain.to_bits(), "{}", kernel);
+                prop_assert_eq!(sequential(0.0, &r, sub, &bm, &[]).to_bits(), plain.to_bits(), "{}", kernel);
                 // Continued over a split at a block boundary.
                 let cut = (r.len() / 2) / BLOCK * BLOCK;
-                let first = sequential(0.0, &r[..cut], sub, &bm[..cut / BLOCK]);
-                let rest = sequential(first, &r[cut..], sub, &bm[cut / BLOCK..]);
+                let first = sequential(0.0, &r[..cut], sub, &bm[..cut / BLOCK], &[]);
+                let rest = sequential(first, &r[cut..], sub, &bm[cut / BLOCK..], &[]);
                 prop_assert_eq!(rest.to_bits(), plain.to_bits(), "{} split", kernel);
+            }
+        }
+
+        /// Patches (lowered entries, entries taken out as `-inf`) read as the patched row,
+        /// with the block maxima of the original row, on every kernel.
+        #[test]
+        fn the_patched_sequential_sum_is_the_plain_loop_over_the_patched_row(
+            r in prop_oneof![row(), dense_row()],
+            picks in proptest::collection::vec((any::<prop::sample::Index>(), 0.0f32..30.0, any::<bool>()), 0..40),
+            start in prop_oneof![Just(0.0f32), 0.0f32..4.0],
+        ) {
+            let r: Vec<f32> = r.into_iter().map(|x| x.clamp(-1e30, 1e30)).collect();
+            let sub = portable::max(&r);
+            prop_assume!(sub.is_finite());
+            let mut patches: Vec<(u32, f32)> = picks
+                .iter()
+                .map(|(at, lower, gone)| {
+                    let i = at.index(r.len());
+                    (i as u32, if *gone { f32::NEG_INFINITY } else { r[i] - lower })
+                })
+                .collect();
+            patches.sort_by_key(|p| p.0);
+            patches.dedup_by_key(|p| p.0);
+            let mut patched = r.clone();
+            for &(i, v) in &patches {
+                patched[i as usize] = v;
+            }
+            let mut plain = start;
+            for &x in &patched {
+                plain += (x - sub).exp();
+            }
+            let mut bm = Vec::new();
+            portable::summarize(&r, &mut bm);
+            prop_assert_eq!(portable::exp_sum_sequential(start, &r, sub, &bm, &patches).to_bits(), plain.to_bits());
+            for (kernel, sequential) in sequential_kernels() {
+                prop_assert_eq!(sequential(start, &r, sub, &bm, &patches).to_bits(), plain.to_bits(), "{}", kernel);
+            }
+        }
+
+        /// A sum `exp_sum_unordered` returns is the plain loop's in row order, in reverse and
+        /// from the middle on; rows of a few values make ties with the ulp recur.
+        #[test]
+        fn unordered_sums_are_the_same_in_any_order(
+            r in prop_oneof![row(), dense_row()],
+            start in prop_oneof![Just(1.0f32), 0.5f32..4.0, 1.0f32..70_000.0, Just(16_777_216.0f32)],
+        ) {
+            let r: Vec<f32> = r.into_iter().map(|x| x.clamp(-1e30, 1e30)).collect();
+            let sub = portable::max(&r);
+            prop_assume!(sub.is_finite());
+            let mut bm = Vec::new();
+            portable::summarize(&r, &mut bm);
+            let got = exp_sum_unordered(start, &r, sub, &bm, &[]);
+            if let Some(sum) = got {
+                let add = |order: &mut dyn Iterator<Item = &f32>| order.fold(start, |s, &x| s + (x - sub).exp());
+                let mid = r.len() / 2;
+                prop_assert_eq!(add(&mut r.iter()).to_bits(), sum.to_bits());
+                prop_assert_eq!(add(&mut r.iter().rev()).to_bits(), sum.to_bits());
+                prop_assert_eq!(add(&mut r[mid..].iter().chain(&r[..mid])).to_bits(), sum.to_bits());
+            }
+            #[cfg(target_arch = "x86_64")]
+            if vectorised_exp() {
+                // Both SIMD kernels give the same verdict (the dispatch runs one of them).
+                // SAFETY: `vectorised_exp` implies AVX2 and FMA were detected.
+                prop_assert_eq!(unsafe { avx2::exp_sum_unordered(start, &r, sub, &bm, &[]) }.map(f32::to_bits), got.map(f32::to_bits));
+                if avx512_available() {
+                    // SAFETY: AVX-512F, POPCNT, AVX2 and FMA were detected just above.
+                    let wide = unsafe { avx512::exp_sum_unordered(start, &r, sub, &bm, &[]) };
+                    prop_assert_eq!(wide.map(f32::to_bits), got.map(f32::to_bits));
+                }
             }
         }
 
@@ -1060,9 +1234,9 @@ mod tests {
             }
             let mut bm = Vec::new();
             portable::summarize(&r, &mut bm);
-            prop_assert_eq!(portable::exp_sum_sequential(start, &r, sub, &bm).to_bits(), plain.to_bits());
+            prop_assert_eq!(portable::exp_sum_sequential(start, &r, sub, &bm, &[]).to_bits(), plain.to_bits());
             for (kernel, sequential) in sequential_kernels() {
-                prop_assert_eq!(sequential(start, &r, sub, &bm).to_bits(), plain.to_bits(), "{}", kernel);
+                prop_assert_eq!(sequential(start, &r, sub, &bm, &[]).to_bits(), plain.to_bits(), "{}", kernel);
             }
         }
 
@@ -1168,12 +1342,12 @@ mod tests {
             summarize(&r, &mut bm);
             for (kernel, sequential) in sequential_kernels() {
                 assert_eq!(
-                    sequential(start, &r, 0.0, &bm).to_bits(),
+                    sequential(start, &r, 0.0, &bm, &[]).to_bits(),
                     plain.to_bits(),
                     "{kernel}: start {start}, {n} ones"
                 );
             }
-            assert_eq!(portable::exp_sum_sequential(start, &r, 0.0, &bm).to_bits(), plain.to_bits());
+            assert_eq!(portable::exp_sum_sequential(start, &r, 0.0, &bm, &[]).to_bits(), plain.to_bits());
         }
     }
 
@@ -1226,22 +1400,61 @@ mod tests {
         kernels
     }
 
-    type SequentialKernel = fn(f32, &[f32], f32, &[f32]) -> f32;
+    type SequentialKernel = fn(f32, &[f32], f32, &[f32], &[(u32, f32)]) -> f32;
 
     /// The dispatched sequential sum and, where this CPU runs them with the exact `expf`
     /// replica, each SIMD kernel directly (the dispatch picks only one).
     fn sequential_kernels() -> Vec<(&'static str, SequentialKernel)> {
-        let mut kernels: Vec<(&'static str, SequentialKernel)> = vec![("dispatched", exp_sum_sequential)];
+        let mut kernels: Vec<(&'static str, SequentialKernel)> = vec![("dispatched", exp_sum_sequential_patched)];
         #[cfg(target_arch = "x86_64")]
         if vectorised_exp() {
             // SAFETY: `vectorised_exp` implies AVX2 and FMA were detected.
-            kernels.push(("avx2", |st, r, sub, bm| unsafe { avx2::exp_sum_sequential(st, r, sub, bm) }));
+            kernels.push(("avx2", |st, r, sub, bm, p| unsafe { avx2::exp_sum_sequential(st, r, sub, bm, p) }));
             if avx512_available() {
                 // SAFETY: AVX-512F, POPCNT, AVX2 and FMA were detected just above.
-                kernels.push(("avx512", |st, r, sub, bm| unsafe { avx512::exp_sum_sequential(st, r, sub, bm) }));
+                kernels.push(("avx512", |st, r, sub, bm, p| unsafe { avx512::exp_sum_sequential(st, r, sub, bm, p) }));
             }
         }
         kernels
+    }
+
+    /// A patch that lowers a block's maximum must not raise the kernels' lower bound of the
+    /// running sum: here the row's largest entry (block 0) is taken out, so the entries at -19
+    /// before the last block's maximum still count (with the unpatched maximum as a bound they
+    /// would be skipped, and the sum would lose ~2 ulps).
+    #[test]
+    fn a_lowered_block_maximum_does_not_raise_the_sum_s_bound() {
+        let mut r = vec![-19.0f32; 9 * BLOCK];
+        r[5] = 0.0;
+        *r.last_mut().unwrap() = 0.5;
+        let patches = [(5u32, f32::NEG_INFINITY)];
+        let mut plain = 0.0f32;
+        for (i, &x) in r.iter().enumerate() {
+            plain += if i == 5 { 0.0 } else { (x - 0.5).exp() };
+        }
+        let mut bm = Vec::new();
+        portable::summarize(&r, &mut bm);
+        assert_eq!(portable::exp_sum_sequential(0.0, &r, 0.5, &bm, &patches).to_bits(), plain.to_bits());
+        for (kernel, sequential) in sequential_kernels() {
+            assert_eq!(sequential(0.0, &r, 0.5, &bm, &patches).to_bits(), plain.to_bits(), "{kernel}");
+        }
+        // The test has teeth: the entries at -19 change the sum.
+        assert_ne!(plain, 1.0);
+    }
+
+    /// `exp_sum_unordered` declines a sum with a tie (weight 1 against the ulp 2 of 2^24: the
+    /// last bit of the running sum decides each rounding) or a change of binade, and takes one
+    /// without (on CPUs with the SIMD kernels).
+    #[test]
+    fn unordered_sums_decline_ties_and_new_binades() {
+        let zeros = [0.0f32; BLOCK];
+        let mut bm = Vec::new();
+        portable::summarize(&zeros, &mut bm);
+        assert_eq!(exp_sum_unordered(16_777_216.0, &zeros, 0.0, &bm, &[]), None);
+        assert_eq!(exp_sum_unordered(1.5, &zeros, 0.0, &bm, &[]), None); // 1.5 + 64 leaves [1, 2)
+        let sum = exp_sum_unordered(1024.0, &zeros, 0.0, &bm, &[]);
+        assert!(sum.is_none() || sum == Some(1088.0));
+        assert_eq!(sum.is_some(), vectorised_exp());
     }
 
     type ApproxKernel = fn(&[f32], f32, f32, &mut [f64]) -> f64;
