@@ -10,21 +10,28 @@
 //!   logits only), i.e. the distribution the final stage drew from (llama.cpp's
 //!   `post_sampling_probs`, vLLM's `processed_logprobs`).
 //!
-//! Raw mode's normaliser is llama.cpp's own softmax sum, `Σ expf(logit - max)` in f32 in
-//! vocabulary order (bit for bit, computed without exponentiating the entries that cannot
-//! change it, see [`crate::arch::exp_sum_sequential`]): the probabilities llama.cpp's server
-//! derives from the raw logits. `logprob = logit - max - ln(sum)` in f64. Processed mode sums
-//! f64 exponentials.
+//! Raw mode's normaliser is llama-server's softmax sum, bit for bit: its
+//! `get_token_probabilities(ctx, idx, n)` (called with the request's `n_probs`) partially
+//! sorts the top `n` of an `(id, logit)` array to the front with `std::partial_sort`, then adds
+//! `expf(logit - max)` in f32 over the whole array in that order: the top `n` in descending
+//! order, then the row in id order but where libstdc++'s heap select swapped an entry into the
+//! heap (there the value it pushed out). With `n = 0` there is no sort and the row is summed in
+//! id order. The sum is formed without building the array: when it cannot depend on the order
+//! of its terms ([`arch::exp_sum_unordered`]) over the row less its top `n`, else over the row
+//! patched where the heap select swapped ([`arch::exp_sum_sequential_patched`]); either way
+//! only the entries that can change it are exponentiated. `logprob = logit - max - ln(sum)`
+//! in f64.
+//! Processed mode sums f64 exponentials.
 //!
 //! That f32 sum is short of the exact one by the row's tail: once the running sum holds the
-//! maximum's weight 1, each weight below half an ulp of it (`logit - max` below about -16.6)
-//! leaves it unchanged, however many there are. On language-model-like rows
-//! (`bench_rows` peaked, entropy 1.5 nats) the shortfall is `9.7e-5` of the sum at V = 32,000,
-//! `3.2e-5` at 128,256 and `1.6e-5` at 262,144, so raw logprobs sit that many nats above the
-//! exact log-softmax, exactly as llama.cpp's do. An exact sum costs one accurate exponential
-//! per entry (about six max passes with AVX-512); this one exponentiates only the entries
-//! that change it. Ties in the top N are broken by the lower token id. A token outside the
-//! processed set has logprob `-inf`.
+//! maximum's weight 1 (with `n >= 1`, from the start), each weight below half an ulp of it
+//! (`logit - max` below about -16.6) leaves it unchanged, however many there are. On
+//! language-model-like rows (`bench_rows` peaked, entropy 1.5 nats, `n = 20`) the shortfall
+//! is `1.5e-5` of the sum at V = 32,000 and 128,256 and `1.3e-6` at 262,144, so raw logprobs
+//! sit that many nats above the exact log-softmax, exactly as llama-server's do. An exact sum
+//! costs one accurate exponential per entry (about six max passes with AVX-512); this one
+//! exponentiates only the entries that change it. Ties in the top N are broken by the lower
+//! token id. A token outside the processed set has logprob `-inf`.
 
 use crate::arch::{self, BLOCK};
 use crate::candidates::Candidates;
@@ -110,49 +117,166 @@ pub fn raw(row: Logits<'_>, token: u32, n: usize, out: &mut Vec<TokenLogprob>) -
     }
 }
 
-/// [`raw`] as first written, for any element type: the oracle the fast paths are tested
-/// against.
+/// [`raw`] written the obvious way, for any element type: the oracle the fast paths are
+/// tested against. The normaliser is llama-server's `get_token_probabilities(ctx, idx, n)`
+/// step by step: libstdc++'s `partial_sort` of the top `n` (an array of `(id, logit)` in id
+/// order), then the f32 sum of `expf(logit - max)` in the array's order.
 #[cfg(test)]
 fn raw_generic(row: Logits<'_>, token: u32, n: usize, out: &mut Vec<TokenLogprob>) -> f32 {
-    let mut max = f32::NEG_INFINITY;
-    row.for_each(|_, v| max = max.max(v));
+    use crate::candidates::TokenData;
+    let mut cur = Vec::new();
+    row.for_each(|i, v| cur.push(TokenData { id: i as u32, logit: v, p: 0.0 }));
+    let n_top = n.min(cur.len());
+    let max = if n_top > 0 {
+        crate::stdsort::partial_sort(&mut cur, n_top, crate::convention::llama_cpp::desc);
+        cur[0].logit
+    } else {
+        cur.iter().fold(f32::NEG_INFINITY, |m, t| m.max(t.logit))
+    };
     let mut sum = 0.0f32;
+    for t in &cur {
+        sum += (t.logit - max).exp();
+    }
     prepare(out, n);
-    row.for_each(|i, v| {
-        sum += (v - max).exp();
-        push_top(out, n, v, i as u32);
-    });
+    row.for_each(|i, v| push_top(out, n, v, i as u32));
     let lse = max as f64 + (sum as f64).ln();
     finish(out, lse);
     (row.get(token as usize) as f64 - lse) as f32
 }
 
 /// [`raw`] on an f32 row: one pass for the block maxima, the top `n` from the few blocks that
-/// can hold one, then the sum, which skips the blocks and entries that cannot change it (the
-/// maxima of a chunk are recomputed for that when the row has more than one chunk). The same
-/// values as the generic loop.
+/// can hold one, then the sum ([`ServerOrder::sum`]), which skips the blocks and entries that
+/// cannot change it. The same values as the obvious implementation.
 fn raw_f32(r: &[f32], token: u32, n: usize, out: &mut Vec<TokenLogprob>) -> f32 {
-    const CHUNK_BLOCKS: usize = 4096;
+    thread_local! {
+        /// Block maxima and the summation order's buffers (reused: no allocation after the
+        /// first rows of a size).
+        static ORDER: std::cell::RefCell<(Vec<f32>, ServerOrder)> = std::cell::RefCell::default();
+    }
     prepare(out, n);
-    let mut max = f32::NEG_INFINITY;
-    let mut maxima = [0.0f32; CHUNK_BLOCKS];
-    for (c, chunk) in r.chunks(CHUNK_BLOCKS * BLOCK).enumerate() {
-        let maxima = &mut maxima[..chunk.len().div_ceil(BLOCK)];
-        max = max.max(arch::block_max_into(chunk, maxima));
-        top_from_blocks(chunk, maxima, (c * CHUNK_BLOCKS * BLOCK) as u32, n, out);
-    }
-    let mut sum = 0.0f32;
-    let single = r.len() <= CHUNK_BLOCKS * BLOCK;
-    for chunk in r.chunks(CHUNK_BLOCKS * BLOCK) {
-        let maxima = &mut maxima[..chunk.len().div_ceil(BLOCK)];
-        if !single {
-            arch::block_max_into(chunk, maxima);
+    ORDER.with_borrow_mut(|(block_max, order)| {
+        block_max.resize(r.len().div_ceil(BLOCK), f32::NEG_INFINITY);
+        let max = arch::block_max_into(r, block_max);
+        top_from_blocks(r, block_max, 0, n, out);
+        let sum = order.sum(r, max, block_max, out);
+        let lse = max as f64 + (sum as f64).ln();
+        finish(out, lse);
+        (r[token as usize] as f64 - lse) as f32
+    })
+}
+
+/// llama-server's summation order for raw probabilities, without building its array.
+///
+/// `get_token_probabilities(ctx, idx, n)` fills an array with `(id, logit)` in id order, runs
+/// `std::partial_sort` of its first `n` by descending logit, and sums `expf(logit - max)` over
+/// the array in order. libstdc++'s `partial_sort` is a heap select: a min-heap of the first `n`
+/// entries, then for each later position `i`, if `logit[i]` is greater than the heap's least
+/// `m`, the entry at `i` and the heap's least trade places; finally the heap is sorted into
+/// the first `n` slots. So the summed sequence is the top `n` logits in descending order, then,
+/// for `i >= n`, `min(logit[i], m_i)` with `m_i` the least of the heap when `i` is reached:
+/// the row itself but at the positions where an entry entered the heap. Only values matter
+/// (equal logits have equal weights), so the order of ties is irrelevant.
+///
+/// The sum starts with the top `n`, which hold the maximum's weight 1, so from then on only
+/// weights above about `e^-16.6` of the maximum's can change it (in row order, everything
+/// before the maximum counts down to the running sum's smaller ulp). And the rest of the
+/// sequence is a permutation of the row without its top `n`: when that sum cannot depend on
+/// the order ([`arch::exp_sum_unordered`]: no weight a tie, no change of binade), it is taken
+/// over the row in row order, with the top `n` taken out. Otherwise [`ServerOrder::scan`] runs
+/// the heap select on values and records where the sequence differs from the row, as patches
+/// for [`arch::exp_sum_sequential_patched`].
+#[derive(Debug, Default)]
+pub(crate) struct ServerOrder {
+    /// The heap select's min-heap of values.
+    heap: Vec<f32>,
+    /// `(position, value)` where the summed sequence differs from the row.
+    patches: Vec<(u32, f32)>,
+}
+
+impl ServerOrder {
+    /// llama-server's f32 softmax sum of `r` (its maximum `max`, block maxima `block_max`),
+    /// given `top`, its top `n` by logit, best first (the logits in the `logprob` fields, as
+    /// [`push_top`] keeps them; `n` at most `r.len()`). `n = 0` sums the row as it is.
+    pub(crate) fn sum(&mut self, r: &[f32], max: f32, block_max: &[f32], top: &[TokenLogprob]) -> f32 {
+        let n = top.len();
+        if n == 0 {
+            return arch::exp_sum_sequential(0.0, r, max, block_max);
         }
-        sum = arch::exp_sum_sequential(sum, chunk, max, maxima);
+        if max == f32::NEG_INFINITY {
+            return f32::NAN; // expf(-inf - -inf), as llama.cpp computes it
+        }
+        let mut sum = 0.0f32;
+        for t in top {
+            sum += (t.logprob - max).exp();
+        }
+        if n == r.len() {
+            return sum;
+        }
+        self.patches.clear();
+        self.patches.extend(top.iter().map(|t| (t.token, f32::NEG_INFINITY)));
+        self.patches.sort_unstable_by_key(|p| p.0);
+        if let Some(total) = arch::exp_sum_unordered(sum, r, max, block_max, &self.patches) {
+            return total;
+        }
+        self.scan(r, block_max, n);
+        arch::exp_sum_sequential_patched(sum, r, max, block_max, &self.patches)
     }
-    let lse = max as f64 + (sum as f64).ln();
-    finish(out, lse);
-    (r[token as usize] as f64 - lse) as f32
+
+    /// Runs the heap select over `r` and leaves in `patches` where the summed sequence differs
+    /// from the row: the first `n` positions (`-inf`, adding nothing: the top `n` come first),
+    /// then each position where an entry entered the heap (the least it pushed out).
+    fn scan(&mut self, r: &[f32], block_max: &[f32], n: usize) {
+        self.heap.clear();
+        self.heap.extend_from_slice(&r[..n]);
+        for i in (0..n / 2).rev() {
+            sift_down(&mut self.heap, i);
+        }
+        self.patches.clear();
+        self.patches.extend((0..n as u32).map(|i| (i, f32::NEG_INFINITY)));
+        for (g, group) in block_max.chunks(SKIP_GROUP).enumerate() {
+            // `x > least` is `!(x < least.next_up())`: rows are NaN-free here.
+            if !any_not_below(group, self.heap[0].next_up()) {
+                continue;
+            }
+            for (j, &bm) in group.iter().enumerate() {
+                if bm <= self.heap[0] {
+                    continue;
+                }
+                let start = ((g * SKIP_GROUP + j) * BLOCK).max(n); // the first `n` are the heap's
+                let end = r.len().min((g * SKIP_GROUP + j + 1) * BLOCK);
+                if start >= end {
+                    continue;
+                }
+                // The least only rises while the block is read: each hit is tested again.
+                arch::for_each_ge(&r[start..end], self.heap[0].next_up(), |i, x| {
+                    if x > self.heap[0] {
+                        self.patches.push(((start + i) as u32, self.heap[0]));
+                        self.heap[0] = x;
+                        sift_down(&mut self.heap, 0);
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Restores the min-heap property of `heap` below position `i` (values are NaN-free).
+fn sift_down(heap: &mut [f32], mut i: usize) {
+    loop {
+        let (l, r) = (2 * i + 1, 2 * i + 2);
+        let mut least = i;
+        if l < heap.len() && heap[l] < heap[least] {
+            least = l;
+        }
+        if r < heap.len() && heap[r] < heap[least] {
+            least = r;
+        }
+        if least == i {
+            return;
+        }
+        heap.swap(i, least);
+        i = least;
+    }
 }
 
 /// Feeds [`push_top`] the entries of `chunk` (ids from `base`) that can be among the top `n`
@@ -321,20 +445,24 @@ mod tests {
         }
     }
 
-    /// llama.cpp's f32 sum drops a tail of weights below half an ulp of the running sum, and
-    /// raw logprobs follow it (the module docs): here 100,000 weights of `e^-18` add nothing to
-    /// the maximum's 1 in f32, while they add 0.15% to the exact sum.
+    /// llama-server's f32 sum drops a tail of weights below half an ulp of the running sum, and
+    /// raw logprobs follow it (the module docs): its partial sort puts the maximum's weight 1
+    /// first, after which 100,000 weights of `e^-18` add nothing in f32, while they add 0.15%
+    /// to the exact sum. With `n = 0` there is no partial sort and the row is summed in id
+    /// order: the weights before the maximum (here all of them) count while the sum is small.
     #[test]
-    fn raw_logprobs_keep_llama_cpp_s_f32_sum_with_its_dropped_tail() {
+    fn raw_logprobs_keep_llama_server_s_f32_sum_and_its_order() {
         let mut row = vec![-18.0f32; 100_001];
-        // The maximum first: a weight added before it, while the sum is small, would count.
-        row[0] = 0.0;
+        row[100_000] = 0.0;
         let mut top = Vec::new();
-        let lp = raw(Logits::from(&row[..]), 0, 1, &mut top);
+        let lp = raw(Logits::from(&row[..]), 100_000, 1, &mut top);
         assert_eq!(lp, 0.0, "the f32 sum is exactly 1");
+        assert_eq!(top, [TokenLogprob { token: 100_000, logprob: 0.0 }]);
         let exact = -(1.0 + 100_000.0 * (-18.0f64).exp()).ln();
         assert!((exact + 0.0015).abs() < 1e-4, "{exact}");
-        assert_eq!(top, [TokenLogprob { token: 0, logprob: 0.0 }]);
+        let in_id_order = raw(Logits::from(&row[..]), 100_000, 0, &mut top);
+        assert!((in_id_order as f64 - exact).abs() < 2e-5, "{in_id_order} against {exact}");
+        assert_eq!(in_id_order, raw_generic(Logits::from(&row[..]), 100_000, 0, &mut top));
     }
 
     #[test]

@@ -128,6 +128,8 @@ pub(crate) struct Scratch {
     pub(crate) summary: Option<Summary>,
     /// Which path the last [`prepare`] took (for tests and benchmarks).
     pub(crate) path: Path,
+    /// llama-server's summation order for raw logprobs.
+    pub(crate) server_order: crate::logprobs::ServerOrder,
     /// Recent `(need, max - threshold)` pairs of [`threshold`], so that the next row (similar
     /// to the last) usually gets its threshold from one counting pass.
     gaps: [(usize, f32); 4],
@@ -1218,10 +1220,8 @@ fn raw_logprobs_f32(
     if n > 0 {
         let tau = threshold(n, summary.max, s)?;
         gather_at_least(r, &s.block_max, &[], tau, &mut s.gathered, &mut s.blocks);
-    }
-    let lse = summary.max as f64 + (arch::exp_sum_sequential(0.0, r, summary.max, &s.block_max) as f64).ln();
-    if n > 0 {
-        // By logit, largest first, ties to the lower id: `gathered` is in id order.
+        // By logit, largest first, ties to the lower id: `gathered` is in id order. The
+        // logprob fields hold the logits until the sum is known.
         let (g, keys) = (&s.gathered, &mut s.gathered_ranks);
         rank_keys(g, keys);
         if keys.len() > n {
@@ -1231,8 +1231,14 @@ fn raw_logprobs_f32(
         keys[..keep].sort_unstable();
         out.extend(keys[..keep].iter().map(|&key| {
             let t = g[key as u32 as usize];
-            crate::logprobs::TokenLogprob { token: t.id, logprob: (t.logit as f64 - lse) as f32 }
+            crate::logprobs::TokenLogprob { token: t.id, logprob: t.logit }
         }));
+    }
+    // llama-server's summation order (see `logprobs::ServerOrder`).
+    let sum = s.server_order.sum(r, summary.max, &s.block_max, out);
+    let lse = summary.max as f64 + (sum as f64).ln();
+    for t in out.iter_mut() {
+        t.logprob = (t.logprob as f64 - lse) as f32;
     }
     Some((r[token as usize] as f64 - lse) as f32)
 }
