@@ -677,7 +677,7 @@ pub unsafe fn exp_shifted_sum(src: &[f32], div: f32, sub: f32) -> f64 {
 /// The CPU must support AVX2 and FMA (see the module docs).
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> f32 {
-    exp_sum_sequential_with::<Avx2Scan>(start, row, sub, block_max, patches).0
+    exp_sum_sequential_with::<Avx2Scan, false>(start, row, sub, block_max, patches).0
 }
 
 /// See [`super::exp_sum_unordered`].
@@ -692,7 +692,7 @@ pub unsafe fn exp_sum_unordered(
     block_max: &[f32],
     patches: &[(u32, f32)],
 ) -> Option<f32> {
-    unordered(start, exp_sum_sequential_with::<Avx2Scan>(start, row, sub, block_max, patches))
+    unordered(start, exp_sum_sequential_with::<Avx2Scan, true>(start, row, sub, block_max, patches))
 }
 
 /// [`super::exp_sum_unordered`]'s verdict on a sequential sum from `start`: the sum, when
@@ -778,14 +778,16 @@ impl BlockScan for Avx2Scan {
 }
 
 /// [`exp_sum_sequential`] with the block scan `S`; inlined into each caller, which is compiled
-/// with the target features `S` needs.
+/// with the target features `S` needs. Also returns whether every group took `add_group`'s
+/// integer path. With `BAIL` (for [`exp_sum_unordered`]) it returns early, flagged, once that
+/// fails or the sum leaves `start`'s binade: the caller will not use the sum then.
 ///
 /// PERF: the blocks are tested against the threshold a [`GROUP`] of maxima at a time (one or
 /// two vector compares), and only the passing ones are visited, by their set bits. On
 /// language-model rows the share of blocks that pass is far from 0 and 1 (about 60% at
 /// V = 128k), so a test-and-branch per block was mispredicted about every other block.
 #[inline(always)]
-pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
+pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan, const BAIL: bool>(
     start: f32,
     row: &[f32],
     sub: f32,
@@ -868,6 +870,9 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
                     let (s, exact) = S::add_group(sum, block, sub);
                     sum = s;
                     integral &= exact;
+                    if BAIL && unordered(start, (sum, integral)).is_none() {
+                        return (sum, false);
+                    }
                     raise(sum, &mut bound, &mut threshold);
                     continue;
                 }
@@ -884,6 +889,9 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
             if n >= QUEUE {
                 if waiting > 0 {
                     sum = add_queued::<S>(sum, &mut queues[1 - cur], waiting, sub, &mut integral);
+                    if BAIL && unordered(start, (sum, integral)).is_none() {
+                        return (sum, false);
+                    }
                     raise(sum, &mut bound, &mut threshold);
                 }
                 waiting = n;

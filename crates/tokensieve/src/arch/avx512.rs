@@ -236,7 +236,7 @@ pub unsafe fn cheap_block_sums_at(src: &[f32], a: f32, b: f32, blocks: &[u32], o
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
 #[target_feature(enable = "avx512f,avx2,fma,popcnt")]
 pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> f32 {
-    super::avx2::exp_sum_sequential_with::<Avx512Scan>(start, row, sub, block_max, patches).0
+    super::avx2::exp_sum_sequential_with::<Avx512Scan, false>(start, row, sub, block_max, patches).0
 }
 
 /// See [`super::exp_sum_unordered`]: [`exp_sum_sequential`]'s kernel with
@@ -252,7 +252,7 @@ pub unsafe fn exp_sum_unordered(
     block_max: &[f32],
     patches: &[(u32, f32)],
 ) -> Option<f32> {
-    let sum = super::avx2::exp_sum_sequential_with::<Avx512Scan>(start, row, sub, block_max, patches);
+    let sum = super::avx2::exp_sum_sequential_with::<Avx512Scan, true>(start, row, sub, block_max, patches);
     super::avx2::unordered(start, sum)
 }
 
