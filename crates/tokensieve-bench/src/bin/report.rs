@@ -1,6 +1,6 @@
 //! Writes `BENCHMARKS.md`: every workload at every vocabulary size, tokensieve beside the floor
-//! and each peer's time as a multiple of tokensieve's, and the batch throughput on one and two
-//! threads.
+//! and each peer's time as a multiple of tokensieve's, tokensieve on the flat, wide and real
+//! rows, and the batch throughput on one and two threads.
 //!
 //! ```text
 //! cargo run -p tokensieve-bench --release --bin report -- [--vocab 32000,128256,151936,262144]
@@ -203,6 +203,7 @@ fn main() {
         }
     }
     let _ = writeln!(md);
+    other_rows_section(&mut md, args.seconds);
     batch_section(&mut md, args.seconds);
     // Keep the grammar benchmark's section (written by the `grammar` binary).
     if let Ok(old) = std::fs::read_to_string(&args.out) {
@@ -251,6 +252,51 @@ fn median_timing(ts: &[Timing]) -> Timing {
 /// per row), sampled by `tokensieve::batch::sample` in a rayon pool of 1 and of 2 threads,
 /// the two timed alternately so that both see the same machine. Tokens per second from the
 /// median batch time.
+/// The embedded real row (SmolLM2-135M's logits after "The capital of France is", the CLI's
+/// example), tiled to `v` entries as `tokensieve bench --rows real` does: each further copy
+/// 2.0 lower.
+fn real_row(v: usize) -> Vec<f32> {
+    const NPY: &[u8] = include_bytes!("../../../tokensieve-cli/testdata/example-logits.npy");
+    let real: Vec<f32> =
+        npyz::NpyFile::new(NPY).and_then(|f| f.into_vec::<f32>()).expect("the embedded example row is an f32 .npy");
+    (0..v).map(|j| real[j % real.len()] - 2.0 * (j / real.len()) as f32).collect()
+}
+
+/// tokensieve alone on the other rows the issue names (flat, wide, the real model's), under
+/// the llama.cpp convention, at two sizes. The floor is timed in its own run (a max pass
+/// interleaved with nothing): on flat rows the array path's vocabulary-sized buffers push the
+/// row out of cache, which would slow a floor timed beside them.
+fn other_rows_section(md: &mut String, seconds: f64) {
+    let _ = writeln!(
+        md,
+        "## Other rows\n\ntokensieve alone, llama.cpp convention, on the other rows of the issue: `flat` (`bench_rows` flat: N(0, 0.05²), entropy near ln V: `top_p` keeps most of the vocabulary, so llama.cpp's full sort is required), `wide` (N(0, 30²): values far outside [-10, 10]) and `real` (SmolLM2-135M's logits after \"The capital of France is\", V = 49,152, cut or tiled with each copy 2.0 lower, as `tokensieve bench --rows real`). The floor is timed alone. One pass.\n"
+    );
+    let _ = writeln!(md, "| rows | V | workload | floor µs | tokensieve µs (× floor) |\n|---|---:|---|---:|---:|");
+    for (name, make) in [
+        ("flat", (|v| bench_rows::row(bench_rows::Shape::Flat, v, 0x5eed)) as fn(usize) -> Vec<f32>),
+        ("wide", |v| bench_rows::row(bench_rows::Shape::Wide, v, 0x5eed)),
+        ("real", real_row),
+    ] {
+        for v in [32_000usize, 128_256] {
+            let r = make(v);
+            let floor = time_per_token(&r, seconds.min(0.2), || 0).floor_us;
+            for w in Workload::ALL {
+                eprintln!("other rows: {name} V={v} {}", w.name());
+                let step = Peer::Tokensieve.runner(w, &r).expect("tokensieve runs every workload");
+                let t = time_per_token(&r, seconds, step);
+                let _ = writeln!(
+                    md,
+                    "| {name} | {v} | `{}` | {floor:.1} | {:.1} ({:.1}×) |",
+                    w.spec(),
+                    t.median_us,
+                    t.median_us / floor
+                );
+            }
+        }
+    }
+    let _ = writeln!(md);
+}
+
 fn batch_section(md: &mut String, seconds: f64) {
     const ROWS: usize = 64;
     const V: usize = 128_256;
