@@ -364,6 +364,44 @@ unsafe fn expf16(x: __m512, c: &ExpfConsts) -> __m512 {
     _mm512_maskz_mov_ps(!under, _mm512_castpd_ps(y))
 }
 
+/// See [`super::exp_block_sums`]: [`super::avx2`]'s kernel with the weights computed 16 at a
+/// time. The f64 accumulation is the same lane for lane: one 8-lane accumulator whose low half
+/// is AVX2's `lo` (entries `8j..8j + 4`) and high half its `hi` (`8j + 4..8j + 8`), each group
+/// of 8 added in order, then the same pairwise combination and scalar tail.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2 and FMA.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub unsafe fn exp_block_sums(src: &[f32], div: f32, sub: f32, out: &mut [f64]) {
+    let c = ExpfConsts::new();
+    let (d, s) = (_mm512_set1_ps(div), _mm512_set1_ps(sub));
+    let absent = _mm512_set1_ps(f32::NEG_INFINITY);
+    for (o, block) in out.iter_mut().zip(src.chunks(BLOCK)) {
+        let mut acc = _mm512_setzero_pd();
+        let whole = block.len() / 8 * 8;
+        for first in (0..whole).step_by(16) {
+            let lanes: u16 = if whole - first >= 16 { 0xffff } else { 0x00ff };
+            // SAFETY: `lanes` covers only entries of `block` (`first + 8 <= whole` at least).
+            let x = _mm512_mask_loadu_ps(absent, lanes, block.as_ptr().add(first));
+            let w = expf16(_mm512_sub_ps(_mm512_div_ps(x, d), s), &c);
+            acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(w)));
+            if lanes == 0xffff {
+                let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(w)));
+                acc = _mm512_add_pd(acc, _mm512_cvtps_pd(high));
+            }
+        }
+        let v = _mm256_add_pd(_mm512_castpd512_pd256(acc), _mm512_extractf64x4_pd::<1>(acc));
+        let mut lanes = [0.0f64; 4];
+        // SAFETY: `lanes` holds 4 doubles.
+        _mm256_storeu_pd(lanes.as_mut_ptr(), v);
+        let mut sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+        for &x in &block[whole..] {
+            sum += (x / div - sub).exp() as f64;
+        }
+        *o = sum;
+    }
+}
+
 /// `expf(x)` for each `x` of `src` (each `<= 0` or `-inf`) into `out`, with [`expf16`], for
 /// the tests.
 ///

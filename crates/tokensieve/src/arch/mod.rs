@@ -498,10 +498,15 @@ pub(crate) fn skip_threshold(sub: f32, bound: f32) -> f32 {
 /// [`exp_shifted_sum`]'s order. Every `src[i] / div - sub` must be `<= 0` or `-inf`.
 pub fn exp_block_sums(src: &[f32], div: f32, sub: f32, out: &mut [f64]) {
     assert_eq!(out.len(), src.len().div_ceil(BLOCK), "exp_block_sums: wrong output length");
-    if caps().exact_exp {
+    let c = caps();
+    if c.exact_exp {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `exact_exp` is only set after AVX2 and FMA were detected at runtime.
+        // SAFETY: `exact_exp` is only set after AVX2 and FMA were detected at runtime,
+        // `avx512` only beside them when AVX-512F was too.
         unsafe {
+            if c.avx512 {
+                return avx512::exp_block_sums(src, div, sub, out);
+            }
             return avx2::exp_block_sums(src, div, sub, out);
         }
     }
@@ -1177,6 +1182,26 @@ mod tests {
             }
         }
 
+        /// Every kernel of the exact block sums adds the same weights in the same order as the
+        /// portable sum (lengths off the vector widths included).
+        #[test]
+        fn exact_block_sums_are_the_portable_ones_on_every_kernel(
+            r in row(),
+            div in prop_oneof![Just(1.0f32), 0.05f32..3.0],
+        ) {
+            let r: Vec<f32> = r.into_iter().map(|x| x.clamp(-1e30, 1e30)).collect();
+            let sub = portable::max(&r) / div;
+            prop_assume!(sub.is_finite());
+            let mut out = vec![0.0f64; r.len().div_ceil(BLOCK)];
+            for (kernel, sums) in block_sum_kernels() {
+                sums(&r, div, sub, &mut out);
+                for (b, block) in r.chunks(BLOCK).enumerate() {
+                    let want = portable::exp_shifted_sum(block, div, sub);
+                    prop_assert_eq!(out[b].to_bits(), want.to_bits(), "{} block {}", kernel, b);
+                }
+            }
+        }
+
         /// A sum `exp_sum_unordered` returns is the plain loop's in row order, in reverse and
         /// from the middle on; rows of a few values make ties with the ulp recur.
         #[test]
@@ -1455,6 +1480,23 @@ mod tests {
         let sum = exp_sum_unordered(1024.0, &zeros, 0.0, &bm, &[]);
         assert!(sum.is_none() || sum == Some(1088.0));
         assert_eq!(sum.is_some(), vectorised_exp());
+    }
+
+    type BlockSumKernel = fn(&[f32], f32, f32, &mut [f64]);
+
+    /// The dispatched exact block sums and, where this CPU runs them, each SIMD kernel.
+    fn block_sum_kernels() -> Vec<(&'static str, BlockSumKernel)> {
+        let mut kernels: Vec<(&'static str, BlockSumKernel)> = vec![("dispatched", exp_block_sums)];
+        #[cfg(target_arch = "x86_64")]
+        if vectorised_exp() {
+            // SAFETY: `vectorised_exp` implies AVX2 and FMA were detected.
+            kernels.push(("avx2", |x, d, s, o| unsafe { avx2::exp_block_sums(x, d, s, o) }));
+            if avx512_available() {
+                // SAFETY: AVX-512F, AVX2 and FMA were detected just above.
+                kernels.push(("avx512", |x, d, s, o| unsafe { avx512::exp_block_sums(x, d, s, o) }));
+            }
+        }
+        kernels
     }
 
     type ApproxKernel = fn(&[f32], f32, f32, &mut [f64]) -> f64;
