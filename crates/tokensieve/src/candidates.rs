@@ -61,6 +61,8 @@ pub struct Candidates {
     pub(crate) wide: Vec<f64>,
     /// Scratch radix-sort keys (two halves: keys and the ping-pong buffer), reused.
     pub(crate) keys: Vec<u32>,
+    /// Scratch f32 lanes (llama.cpp `dist`: the logits and their weights), reused.
+    pub(crate) lanes: Vec<f32>,
     /// A sparse view of a dense transformers-convention row: `data` holds, in ascending id
     /// order, every token whose logit may be finite; every other token of the `vocab_size`
     /// is `-inf`. Set only by the transformers row fast path when sampling; the transformers
@@ -82,6 +84,7 @@ impl Clone for Candidates {
             buckets: Vec::new(),
             wide: Vec::new(),
             keys: Vec::new(),
+            lanes: Vec::new(),
             sparse: self.sparse,
         }
     }
