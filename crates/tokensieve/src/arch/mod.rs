@@ -373,12 +373,7 @@ pub fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32]) 
 /// assert_eq!(sum, ((0.0f32.exp() + (-2.0f32).exp()) + (-2.0f32).exp()) + 0.0);
 /// ```
 pub fn exp_sum_sequential_patched(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> f32 {
-    assert_eq!(block_max.len(), row.len().div_ceil(BLOCK), "exp_sum_sequential: wrong block count");
-    assert!(
-        patches.windows(2).all(|w| w[0].0 < w[1].0) && patches.last().is_none_or(|p| (p.0 as usize) < row.len()),
-        "exp_sum_sequential_patched: patches out of order or out of range"
-    );
-    debug_assert!(patches.iter().all(|&(i, v)| v <= row[i as usize]), "a patch may only lower an entry");
+    check_sum_args("exp_sum_sequential_patched", row, block_max, patches);
     let c = caps();
     if c.exact_exp {
         #[cfg(target_arch = "x86_64")]
@@ -416,12 +411,7 @@ pub fn exp_sum_sequential_patched(start: f32, row: &[f32], sub: f32, block_max: 
 /// }
 /// ```
 pub fn exp_sum_unordered(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> Option<f32> {
-    assert_eq!(block_max.len(), row.len().div_ceil(BLOCK), "exp_sum_unordered: wrong block count");
-    assert!(
-        patches.windows(2).all(|w| w[0].0 < w[1].0) && patches.last().is_none_or(|p| (p.0 as usize) < row.len()),
-        "exp_sum_unordered: patches out of order or out of range"
-    );
-    debug_assert!(patches.iter().all(|&(i, v)| v <= row[i as usize]), "a patch may only lower an entry");
+    check_sum_args("exp_sum_unordered", row, block_max, patches);
     let c = caps();
     if c.exact_exp {
         #[cfg(target_arch = "x86_64")]
@@ -434,6 +424,16 @@ pub fn exp_sum_unordered(start: f32, row: &[f32], sub: f32, block_max: &[f32], p
         }
     }
     None
+}
+
+/// The preconditions of the sequential sums' arguments (`name`'s panics say which).
+fn check_sum_args(name: &str, row: &[f32], block_max: &[f32], patches: &[(u32, f32)]) {
+    assert_eq!(block_max.len(), row.len().div_ceil(BLOCK), "{name}: wrong block count");
+    assert!(
+        patches.windows(2).all(|w| w[0].0 < w[1].0) && patches.last().is_none_or(|p| (p.0 as usize) < row.len()),
+        "{name}: patches out of order or out of range"
+    );
+    debug_assert!(patches.iter().all(|&(i, v)| v <= row[i as usize]), "{name}: a patch may only lower an entry");
 }
 
 /// For the sequential sums, which visit blocks in increasing order: whether a patch falls in
