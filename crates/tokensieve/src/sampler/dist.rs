@@ -111,7 +111,7 @@ fn select_plain(data: &mut [TokenData], max_l: f32, u: f64) -> Option<usize> {
 ///   logit above the first), [`select_plain`] runs instead, as it reproduces llama.cpp's
 ///   arithmetic whatever the weights. (The largest logit found by a scan may differ from this
 ///   one only in the sign of a zero, which changes no weight.)
-/// * the weights by [`arch::exp_shifted`] (the platform's `expf` bits, 8 or 16 at a time);
+/// * the weights by [`arch::exp_shifted`] (the platform's `expf` bits, 8 at a time with AVX2);
 /// * when every nonzero weight is at least `2^-k` with `k = 30 - ceil(log2 n)`, every f64 sum
 ///   of them is exact: each weight (an f32 at most 1) is a multiple of `2^-(k + 23)`, so any
 ///   partial sum is a multiple of it below `n <= 2^(30 - k)`, which takes at most 53 bits.
