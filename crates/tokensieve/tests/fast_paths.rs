@@ -404,6 +404,55 @@ fn top_p_and_its_softmax_sum_on_large_rows() {
     assert!(fast >= 100, "only {fast} of 240");
 }
 
+/// `top_p;dist` when sampling (`top_p_dist` in `convention::llama_cpp::dense`): the token is
+/// certain from bounds on llama.cpp's f32 softmax sum when every cut they allow draws the same
+/// entry; otherwise the exact sum runs. On large rows of every realistic shape, sharpened and
+/// flattened, with masses that cut within the first 32, within 256 and beyond, the tokens are
+/// the array path's over many steps, and the bounds decide most steps on peaked rows.
+#[test]
+fn top_p_dist_on_large_rows() {
+    let (mut steps, mut certain) = (0, 0);
+    let (mut peaked_steps, mut peaked_certain) = (0, 0);
+    for (i, v) in [1025usize, 4096, 32_000, 128_256].into_iter().enumerate() {
+        for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::ShiftedDown, RowKind::NegInf, RowKind::Flat] {
+            for scale in [0.3f32, 1.0, 3.0] {
+                let row: Vec<f32> = generate::row(kind, v, i as u64 + 7).into_iter().map(|x| x * scale).collect();
+                for spec in
+                    ["top_p(0.95);dist", "top_p(0.5,3);dist", "top_p(0.999);dist", "top_p(0.9);temperature(1);dist"]
+                {
+                    let ctx = BuildContext::new(v, RngConfig::philox(i as u64));
+                    let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+                    let mut stages = chain.stages().to_vec();
+                    for step in 0..12 {
+                        let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
+                        let got = chain.sample(&row).unwrap();
+                        assert_eq!(got, want, "{spec} {kind:?} x{scale} V={v} step {step}");
+                        assert_eq!(chain.candidates().selected_token(), Some(got));
+                        let fast = (chain.last_path() == Path::Fast("top-p;dist")) as usize;
+                        steps += 1;
+                        certain += fast;
+                        // Language-model-like rows whose mass lies within the top 256.
+                        if kind == RowKind::Peaked && scale >= 1.0 && !spec.contains("0.999") {
+                            peaked_steps += 1;
+                            peaked_certain += fast;
+                        }
+                        stages.iter_mut().for_each(|s| s.accept(got));
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "top_p;dist on large rows: {certain} of {steps} steps certain from the bounds, \
+         {peaked_certain} of {peaked_steps} on peaked rows"
+    );
+    assert!(certain * 4 >= steps, "only {certain} of {steps} steps certain");
+    assert!(
+        peaked_certain * 10 >= peaked_steps * 8,
+        "peaked rows: only {peaked_certain} of {peaked_steps} steps certain"
+    );
+}
+
 /// A transformers-convention chain the row path (`convention::transformers::row`) may take:
 /// elementwise stages, then `top_k`, `min_p` or `greedy`, then stages that run on its sparse
 /// view. Parameters include the edges: `k` of 1 and near `V`, `min_p` of 0 and 1,

@@ -25,6 +25,14 @@
 //!      running sum cannot change it and are never exponentiated), then the sorted top
 //!      entries popped from a heap over a superset of the top 32 (then of the top 256) until
 //!      the mass is reached, as llama.cpp's "sort the top 256 first" path does;
+//!    * `top_p(p);dist` (when sampling, no overlay, V > 1024): `dist` recomputes every weight
+//!      over the survivors, so the softmax sum matters only through the cut. `NearSums`
+//!      (below) bounds the sum instead of computing it, with room for llama.cpp's f32
+//!      rounding; the cut moves monotonically with the sum, and so does `dist`'s choice with
+//!      the cut, so the draw is certain when the cuts at both ends of the interval choose the
+//!      same token (the survivors' sum is bounded from the mass when the second cut lies far
+//!      down). Tries at masses 2^-2, 2^-5 and 2^-9; then the exact `top_p` above, with the
+//!      draw already made;
 //!    * `greedy` (when sampling): the first entry equal to the maximum, in the block the
 //!      summary found; when `greedy` is the first stage, step 1 is [`arch::locate_max`]
 //!      instead (validation and the maximum's block, no block maxima), which costs little
@@ -70,14 +78,16 @@
 //! `p` values come from the same `expf` bits ([`arch::exp_shifted`] is checked against the
 //! platform's `expf`) and the same f32 operations in the same order.
 //!
-//! The two selecting paths (`greedy`, `dist`) are used by `sample` only, which then leaves
-//! just the selected candidate in [`Candidates`] (building the full array would cost more than
-//! the selection): its logit as processed and, for `dist`, its exact weight divided by the sum
-//! of the block sums that located it: within `1e-12` relative of the array path's `p` after
-//! the exact pass, within the certified bound of the try that located it after an
+//! The selecting paths (`greedy`, `dist`, `top_p;dist`) are used by `sample` only, which then
+//! leaves just the selected candidate in [`Candidates`] (building the full array would cost
+//! more than the selection): its logit as processed and, for `dist`, its exact weight divided
+//! by the sum of the block sums that located it: within `1e-12` relative of the array path's
+//! `p` after the exact pass, within the certified bound of the try that located it after an
 //! approximate one (relative to the sum, at most the try's mass: 2^-4 for the first try,
-//! which locates most draws, 2^-17 for the fourth); not bit for bit. The token is always the
-//! one the array path selects. `apply` and processed logprobs always leave the full candidate
+//! which locates most draws, 2^-17 for the fourth); not bit for bit. For `top_p;dist`, its
+//! weight over `dist`'s sum at the earliest cut the bounds allow: the array path's `p`, bit
+//! for bit, when that cut is the actual one, otherwise larger by at most the weights between
+//! the two cuts. The token is always the one the array path selects. `apply` and processed logprobs always leave the full candidate
 //! set, with every `p` as the array path computes it.
 
 use crate::arch::{self, Summary, BLOCK};
@@ -279,6 +289,11 @@ fn prepare_f32(
         return Ok(Prepared::Built { applied: 0 });
     }
 
+    if need == Need::Token && s.overlay.is_empty() {
+        if let Some(done) = top_p_dist(stages, first, r, summary, s, c)? {
+            return Ok(done);
+        }
+    }
     let done = match stages.get(first) {
         Some(Stage::TopK(t)) => top_k(t.k() as usize, r, s, c),
         Some(Stage::MinP(m)) => {
@@ -651,19 +666,52 @@ fn sift_down(h: &mut [TokenData], mut i: usize) {
 
 /// `top_p(p, min_keep)` on the untouched row of more than 1024 entries: llama.cpp's path that
 /// sorts only the top 256 first, finished within those 256 (otherwise the array path runs).
-/// The descending prefix is popped from a heap over a superset of the top 32 first, then of
-/// the top 256 if the mass was not reached within the first.
 fn top_p(p: f32, min_keep: usize, r: &[f32], summary: Summary, s: &mut Scratch, c: &mut Candidates) -> bool {
-    const TOP: usize = 256;
     if r.len() <= 1024 || summary.max == f32::NEG_INFINITY {
         return false;
     }
-    let max = summary.max;
-    let sum = arch::exp_sum_sequential(0.0, r, max, &s.block_max);
+    let sum = arch::exp_sum_sequential(0.0, r, summary.max, &s.block_max);
+    if sorted_prefix(p, min_keep, r, summary.max, (sum, sum), s, c).is_err() {
+        return false;
+    }
+    c.sorted = true;
+    true
+}
+
+/// Why [`sorted_prefix`] could not finish.
+#[derive(Debug, PartialEq, Eq)]
+enum Short {
+    /// Equal logits among the prefix or at its cut: libstdc++'s order would decide.
+    Tie,
+    /// Not reached within llama.cpp's first 256: it sorts everything (or too few blocks).
+    Beyond,
+}
+
+/// llama.cpp `top_p`'s kept prefix for a softmax sum in `[lo, hi]` (over a row of more than
+/// 1024 entries, so its top-256 path): the row's entries in descending order with
+/// `p = expf(x - max) / lo`, into `c` (begun), up to the cut `k` at `lo`: the first entry
+/// whose running f32 sum of `p` reaches `p` with at least `min_keep` entries. Then up to
+/// [`PAST_THE_CUT`] further entries, looking for the cut at `hi` (the same running sum with
+/// `hi`), which is returned if found (`k` itself when `lo == hi`). The cut for any sum in
+/// between lies between the two (see [`top_p_dist`]).
+///
+/// The prefix is popped from a heap over a superset of the top 32 first, then of the top 256
+/// if the mass was not reached within the first. Descending order is the row's only for
+/// pairwise distinct values, so any tie up to the cut at `lo` or at it is `Short::Tie`.
+fn sorted_prefix(
+    p: f32,
+    min_keep: usize,
+    r: &[f32],
+    max: f32,
+    (lo, hi): (f32, f32),
+    s: &mut Scratch,
+    c: &mut Candidates,
+) -> std::result::Result<(usize, Option<usize>), Short> {
+    const TOP: usize = 256;
     let blocks = s.block_max.len();
     for need in [32.min(blocks), TOP.min(blocks)] {
         if gather_top(need, r, s).is_none() {
-            return false;
+            return Err(Short::Beyond);
         }
         let g = &mut s.gathered;
         let mut len = g.len();
@@ -671,30 +719,212 @@ fn top_p(p: f32, min_keep: usize, r: &[f32], summary: Summary, s: &mut Scratch, 
             sift_down(&mut g[..len], i);
         }
         c.begin(r.len());
-        let mut cum = 0.0f32;
+        let (mut cum, mut cum_hi) = (0.0f32, 0.0f32);
+        let mut cut = None;
         for i in 0..TOP {
             // Every entry of the superset is >= the threshold, and every entry outside it is
             // below: popping it in order yields the row's descending order while it lasts.
             let Some(mut t) = pop_max(g, &mut len) else { break };
-            if c.data.last().is_some_and(|prev| prev.logit == t.logit) {
-                return false; // a tie among the kept: libstdc++'s order would decide
-            }
-            t.p = (t.logit - max).exp() / sum;
-            cum += t.p;
-            c.data.push(t);
-            if cum >= p && i + 1 >= min_keep {
-                if len > 0 && g[0].logit == t.logit {
-                    return false; // a tie at the cut
+            let w = (t.logit - max).exp();
+            if cut.is_none() {
+                if c.data.last().is_some_and(|prev| prev.logit == t.logit) {
+                    return Err(Short::Tie);
                 }
-                c.sorted = true;
-                return true;
+                t.p = w / lo;
+                cum += t.p;
             }
+            cum_hi += w / hi;
+            c.data.push(t);
+            if cut.is_none() && cum >= p && i + 1 >= min_keep {
+                if len > 0 && g[0].logit == t.logit {
+                    return Err(Short::Tie);
+                }
+                cut = Some(i + 1);
+            }
+            if let Some(k) = cut {
+                if cum_hi >= p && i + 1 >= min_keep {
+                    return Ok((k, Some(i + 1)));
+                }
+                if i + 1 >= k + PAST_THE_CUT {
+                    break;
+                }
+            }
+        }
+        if let Some(k) = cut {
+            return Ok((k, None));
         }
         if c.data.len() >= TOP {
-            return false; // not reached within llama.cpp's first 256: it sorts everything
+            return Err(Short::Beyond);
         }
     }
-    false
+    Err(Short::Beyond)
+}
+
+/// How many entries past the cut at the softmax sum's lower bound [`sorted_prefix`] pops
+/// looking for the cut at its upper bound (without it, [`certain_draw`] bounds the
+/// survivors' sum from the mass instead).
+const PAST_THE_CUT: usize = 16;
+
+/// The masses the tries of [`top_p_dist`] leave unexponentiated ([`NearSums`]). The first
+/// pins the softmax sum within about 20%, which most draws need (they land on the few heavy
+/// tokens): a draw is certain when it picks the same token for every cut the sum's interval
+/// allows. Over 16 peaked rows per size and the real row, this ladder took 5–20% less time
+/// than starting at 2^-4 or 2^-3; past the third try the rounding bounds, not the tiers,
+/// set the interval.
+const TOP_P_FAR_MASSES: [f64; 3] = [1.0 / 4.0, 1.0 / 32.0, 1.0 / 512.0];
+
+/// `top_p(p, min_keep);dist` on the untouched row of more than 1024 entries, when sampling.
+/// `None`: not this chain (or the row is out of its range).
+///
+/// llama.cpp's `top_p` needs its f32 softmax sum `S` (in row order) only for the cut, and
+/// `dist` recomputes every weight over the survivors: when `dist` follows directly, the token
+/// depends on `S` only through the cut. So instead of `S` itself
+/// ([`arch::exp_sum_sequential`], several passes' worth at V = 32k), [`NearSums`] bounds it:
+///
+/// * the exact sum `T` of the weights lies within the tiers' bound of their total;
+/// * `|S - T| <= Σ min(w_i, h)` with `h` half an ulp of the largest `S` can be: each f32
+///   addition rounds by at most half an ulp of its result, and by at most the weight added
+///   (the running sum itself is a representable neighbour); the block rungs bound the right
+///   side;
+/// * every `p_i = fl(w_i / S)`, and so every running sum of them, falls as `S` grows, so the
+///   cut moves monotonically: the cuts at the interval's ends bound every cut it allows;
+/// * `dist` over the top `k` picks the first `i` whose running f64 sum of weights `P(i + 1)`
+///   reaches `u · P(k)`, which grows with `k`: the draw is certain when the two ends' cuts
+///   pick the same token.
+///
+/// Otherwise the next try narrows the interval, and after the last the exact `top_p` runs
+/// with the draw already made: the token is always the array path's.
+fn top_p_dist(
+    stages: &mut [Stage],
+    first: usize,
+    r: &[f32],
+    summary: Summary,
+    s: &mut Scratch,
+    c: &mut Candidates,
+) -> Result<Option<Prepared>> {
+    let Some(Stage::TopP(top_p_stage)) = stages.get(first) else { return Ok(None) };
+    let (p, min_keep) = top_p_stage.params();
+    let Some(at) = stages.iter().skip(first + 1).position(|st| !st.is_inert()).map(|i| first + 1 + i) else {
+        return Ok(None);
+    };
+    // The rounding bound below needs `V < 2^22`.
+    let max = summary.max;
+    if r.len() <= 1024 || r.len() >= 1 << 22 || max == f32::NEG_INFINITY {
+        return Ok(None);
+    }
+    let Some(Stage::Dist(d)) = stages.get_mut(at) else { return Ok(None) };
+    let u = d.draw();
+    if let Some(token) = certain_top_p_draw(p, min_keep, r, max, u, s, c) {
+        s.path = Path::Fast("top-p;dist");
+        return Ok(Some(Prepared::Selected(token)));
+    }
+    // The exact sum, with the draw already made.
+    let Some(Stage::TopP(top_p_stage)) = stages.get(first) else { unreachable!("checked above") };
+    let (p, min_keep) = top_p_stage.params();
+    if top_p(p, min_keep, r, summary, s, c) {
+        s.path = Path::Fast("top-p");
+    } else {
+        s.path = Path::Fallback("top-p");
+        c.fill_validated(r);
+        for stage in &mut stages[..at] {
+            stage.apply(c)?;
+        }
+    }
+    Dist::select(c, u);
+    Ok(Some(Prepared::Built { applied: at + 1 }))
+}
+
+/// [`top_p_dist`]'s tries for draw `u` (the row has more than 1024 and fewer than 2^22
+/// entries, its maximum `max` is finite). When one certifies the token, leaves it alone in `c`
+/// and returns it; its `p` is its weight over `dist`'s sum for the earliest cut the bounds
+/// allow, which is the array path's `p` when the cut is certain too.
+fn certain_top_p_draw(
+    p: f32,
+    min_keep: usize,
+    r: &[f32],
+    max: f32,
+    u: f64,
+    s: &mut Scratch,
+    c: &mut Candidates,
+) -> Option<u32> {
+    let mut near = NearSums::new(r, 1.0, max, s)?;
+    let (mut lo, mut hi) = (1.0f32, f32::INFINITY);
+    for far_mass in TOP_P_FAR_MASSES {
+        let err = near.widen(far_mass, r, 1.0, max, s);
+        let (l, h) = near.sequential_sum_bounds(err, r.len(), s);
+        // Both intervals hold `S`: so does their intersection.
+        (lo, hi) = (lo.max(l), hi.min(h));
+        debug_assert!(lo <= hi, "disjoint bounds on one sum");
+        let cuts = match sorted_prefix(p, min_keep, r, max, (lo, hi), s, c) {
+            Ok(cuts) => cuts,
+            Err(Short::Tie) => return None,
+            Err(Short::Beyond) => continue,
+        };
+        // What the f32 running sum of `p_j` can have lost to rounding before the cut: at most
+        // 2^-25 per addition (every running sum is below `p <= 1`), and at most the `p_j`
+        // added, which is at most `w_j / lo` (rounded up).
+        let lost = (r.len() as f64 * 2f64.powi(-25))
+            .min(near.rounding_bound(2f64.powi(-25) * lo as f64) / lo as f64 * (1.0 + 2f64.powi(-22)))
+            + r.len() as f64 * 2f64.powi(-149);
+        if let Some((i, cut_sum)) = certain_draw(p, max, hi, lost, cuts, u, s, c) {
+            let t = c.data[i];
+            let weight = (t.logit - max).exp();
+            c.begin(r.len());
+            c.data.push(TokenData { p: (weight as f64 / cut_sum) as f32, ..t });
+            c.selected = Some(0);
+            return Some(t.id);
+        }
+    }
+    None
+}
+
+/// [`top_p_dist`]'s test on the descending prefix in `c` ([`sorted_prefix`]'s, with its
+/// cuts `k` at the lower and `k_hi` at the upper bound of the softmax sum, if found). The
+/// actual cut `K` lies in `[k, k_hi]`. `dist` over the first `K` entries picks the first `i`
+/// whose running f64 sum of weights `P(i + 1)` reaches `u · P(K)`, which grows with `K`: it
+/// is `dist`'s choice over `k` when `P(i + 1) >= u · P(k_hi)`.
+///
+/// Without `k_hi`, `P(K)` is bounded from the mass: if `K > k`, the `K - 1` entries before it
+/// ran to an f32 sum `< p` of `p_j = fl(w_j / S)` (each at least `(w_j / S)(1 - 2^-24)`),
+/// whose additions lost at most `lost` to rounding in all, so `P(K - 1)` is at most about
+/// `S (p + lost)` with `S <= hi`, and the entry at `K` weighs at most the one at `k`.
+///
+/// Returns `i` and `P(k)` when certain.
+#[allow(clippy::too_many_arguments)]
+fn certain_draw(
+    p: f32,
+    max: f32,
+    hi: f32,
+    lost: f64,
+    (k, k_hi): (usize, Option<usize>),
+    u: f64,
+    s: &mut Scratch,
+    c: &Candidates,
+) -> Option<(usize, f64)> {
+    // The running f64 sums of the weights, in `dist`'s order (the prefix is descending, so
+    // its first entry is `dist`'s maximum).
+    let sums = &mut s.top_weights;
+    sums.clear();
+    sums.push(0.0);
+    let mut running = 0.0f64;
+    for t in &c.data {
+        running += (t.logit - max).exp() as f64;
+        sums.push(running);
+    }
+    if k == 0 || k > c.data.len() {
+        return None;
+    }
+    // One exists: `u < 1`.
+    let i = sums[1..=k].partition_point(|&run| run < sums[k] * u).min(k - 1);
+    let upper = match k_hi {
+        Some(k_hi) => sums[k_hi],
+        None => {
+            let last = sums[k] - sums[k - 1];
+            // The f32 division's and the f64 sums' roundings, generously.
+            ((hi as f64 * (p as f64 + lost) + last) * (1.0 + 2f64.powi(-20))).max(sums[k])
+        }
+    };
+    (sums[i + 1] >= upper * u).then(|| (i, sums[k]))
 }
 
 /// `greedy` on the row + overlay: the first entry holding the maximum.
@@ -1004,6 +1234,68 @@ impl NearSums {
             None => 0.0,
         };
         self.approx_err + far + cheap_err
+    }
+}
+
+impl NearSums {
+    /// Bounds `(lo, hi)` on llama.cpp's f32 softmax sum in row order (the weights at `t = 1`
+    /// added one by one from 0, over a row of fewer than 2^22 entries), from the bound `err`
+    /// that the last [`NearSums::widen`] returned (see [`top_p_dist`] for the argument).
+    fn sequential_sum_bounds(&self, err: f64, n: usize, s: &Scratch) -> (f32, f32) {
+        let est = total(&s.block_sums);
+        // The f64 sums (in blocks, then in total) and the flushed or subnormal weights, as in
+        // `crossing`'s exact pass.
+        let rounding = (n as f64 + 8.0) * f64::EPSILON * 4.0;
+        let t_err = err + est * rounding + n as f64 * 1.2e-38;
+        let (t_lo, t_hi) = (est - t_err, est + t_err);
+        // Each f32 addition multiplies by at most 1 + 2^-24, so the f32 sum is at most
+        // `(1 + 2^-24)^n <= e^(n 2^-24) <= 1 + n 2^-23` (as `n < 2^22`) times the exact one:
+        // `h` is half an ulp of that bound's binade, so at least half an ulp of any running
+        // sum.
+        let above = t_hi * (1.0 + n as f64 * 2f64.powi(-23));
+        let binade = ((above.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+        let round = self.rounding_bound(2f64.powi(binade - 24));
+        // The sum holds the maximum's weight, 1: it is at least 1.
+        (f32_at_most(t_lo - round).max(1.0), f32_at_least(t_hi + round))
+    }
+
+    /// A bound on `Σ min(w, h)` over every weight `w` of the row, each under its block's rung
+    /// bound.
+    fn rounding_bound(&self, h: f64) -> f64 {
+        // Four partial sums, so that the additions do not wait on each other.
+        let mut parts = [0.0f64; 4];
+        for (hist, bounds) in self.hist.chunks_exact(4).zip(RUNG_BOUNDS.chunks_exact(4)) {
+            for ((part, &blocks), &bound) in parts.iter_mut().zip(hist).zip(bounds) {
+                *part += blocks as f64 * bound.min(h);
+            }
+        }
+        // 128 f64 additions round by far less than 2^-40 of the sum.
+        ((parts[0] + parts[1]) + (parts[2] + parts[3])) * BLOCK as f64 * (1.0 + 1.0 / (1u64 << 40) as f64)
+    }
+}
+
+/// Every weight of a block on rung `k` is at most `e^(-k/2)` ([`NearSums`]); this is that, with
+/// room for `expf`'s rounding (under an f32 ulp) and `exp`'s.
+static RUNG_BOUNDS: std::sync::LazyLock<[f64; RUNGS]> =
+    std::sync::LazyLock::new(|| std::array::from_fn(|k| (-(k as f64) / 2.0).exp() * (1.0 + 2f64.powi(-21))));
+
+/// The largest f32 at most `x`.
+fn f32_at_most(x: f64) -> f32 {
+    let f = x as f32;
+    if f as f64 > x {
+        f.next_down()
+    } else {
+        f
+    }
+}
+
+/// The smallest f32 at least `x`.
+fn f32_at_least(x: f64) -> f32 {
+    let f = x as f32;
+    if (f as f64) < x {
+        f.next_up()
+    } else {
+        f
     }
 }
 
@@ -1324,5 +1616,85 @@ mod tests {
         check_near_sums(&high, 0.5).unwrap();
         let tiny: Vec<f32> = row.iter().map(|x| x * 1e-30).collect();
         check_near_sums(&tiny, 1e-38).unwrap();
+    }
+
+    /// [`NearSums::sequential_sum_bounds`] holds llama.cpp's f32 softmax sum in row order
+    /// after every try of [`top_p_dist`] and after the last (mass 0), where the rounding bound
+    /// carries most of the interval, on rows of every kind, sharpened and flattened.
+    #[test]
+    fn sequential_sum_bounds_hold_the_f32_sum() {
+        let mut widths = [0.0f64; 2];
+        for (i, v) in [1025usize, 4099, 32_000, 128_256].into_iter().enumerate() {
+            for kind in generate::RowKind::ALL {
+                for scale in [0.1f32, 1.0, 4.0] {
+                    let row: Vec<f32> = generate::row(kind, v, i as u64).into_iter().map(|x| x * scale).collect();
+                    let mut s = Scratch::default();
+                    let max = arch::summarize(&row, &mut s.block_max).max;
+                    if !max.is_finite() {
+                        continue;
+                    }
+                    let mut plain = 0.0f32;
+                    for &x in &row {
+                        plain += (x - max).exp();
+                    }
+                    let mut near = NearSums::new(&row, 1.0, max, &mut s).unwrap();
+                    for mass in TOP_P_FAR_MASSES.into_iter().chain([0.0]) {
+                        let err = near.widen(mass, &row, 1.0, max, &mut s);
+                        let (lo, hi) = near.sequential_sum_bounds(err, row.len(), &s);
+                        assert!(lo <= plain && plain <= hi, "{kind:?} x{scale} V={v} mass {mass}: {lo} {plain} {hi}");
+                        if mass == 0.0 && kind == RowKind::Peaked && scale == 1.0 {
+                            widths[0] = widths[0].max((hi - lo) as f64 / plain as f64);
+                            widths[1] = widths[1].max(err / plain as f64);
+                        }
+                    }
+                }
+            }
+        }
+        // The rounding bound, not the tiers' error, sets the last interval's width.
+        assert!(widths[0] > 10.0 * widths[1], "{widths:?}");
+    }
+
+    /// [`certain_top_p_draw`] against the array path (llama.cpp's fill, `top_p`, then `dist`
+    /// with the same draw) for draws spread over `[0, 1)`: every token it certifies is the
+    /// array path's. Rows: the real SmolLM2 row, whose cut bounds lie further apart than
+    /// [`PAST_THE_CUT`] entries (so the survivors' sum is bounded from the mass), and
+    /// generated rows whose cut falls within the first 32 entries, within 256, or beyond.
+    #[test]
+    fn top_p_draws_are_certified_only_when_right() {
+        use crate::sampler::top_p::TopP;
+        use crate::sampler::Sampler;
+        let npy = concat!(env!("CARGO_MANIFEST_DIR"), "/../tokensieve-cli/testdata/example-logits.npy");
+        let mut rows = vec![("real".to_string(), tokensieve_testkit::cli::read_npy_f32(npy.as_ref()).1)];
+        for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::ShiftedDown] {
+            for scale in [0.5f32, 1.0, 2.0] {
+                let row = generate::row(kind, 32_000, 3).into_iter().map(|x| x * scale).collect();
+                rows.push((format!("{kind:?} x{scale}"), row));
+            }
+        }
+        let (mut draws, mut certified, mut by_mass) = (0, 0, 0);
+        for (name, row) in &rows {
+            for (p, min_keep) in [(0.95f32, 1usize), (0.5, 3), (0.999, 1), (0.1, 40)] {
+                let mut s = Scratch::default();
+                let mut c = Candidates::default();
+                let summary = arch::summarize(row, &mut s.block_max);
+                s.summary = Some(summary);
+                let mut array = Candidates::from_logits(row.as_slice()).unwrap();
+                TopP::new(p, min_keep).unwrap().apply(&mut array).unwrap();
+                for j in 0..400 {
+                    let u = (j as f64 + 0.5) / 400.0;
+                    let mut want = array.clone();
+                    Dist::select(&mut want, u);
+                    draws += 1;
+                    if let Some(token) = certain_top_p_draw(p, min_keep, row, summary.max, u, &mut s, &mut c) {
+                        assert_eq!(Some(token), want.selected_token(), "{name} top_p({p},{min_keep}) u = {u}");
+                        assert_eq!(c.selected_token(), Some(token));
+                        certified += 1;
+                        by_mass += (name == "real" && p == 0.95) as usize;
+                    }
+                }
+            }
+        }
+        assert!(certified * 2 >= draws, "only {certified} of {draws} draws certified");
+        assert!(by_mass >= 200, "the real row: only {by_mass} of 400 draws certified");
     }
 }
