@@ -332,9 +332,14 @@ fn transformers_top_p_on_large_rows() {
         for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::ShiftedDown] {
             for scale in [1.0f32, 3.0, 10.0] {
                 let row: Vec<f32> = generate::row(kind, v, i as u64 + 7).into_iter().map(|x| x * scale).collect();
-                for spec in
-                    ["top_p(0.95);dist", "temperature(0.8);top_p(0.9);dist", "top_p(0.5);dist", "top_p(0.999,3);dist"]
-                {
+                // A stage between `top_p` and `dist`, so that `top_p` leaves its survivors
+                // (`top_p;dist` alone only draws: `transformers_top_p_dist_on_large_rows`).
+                for spec in [
+                    "top_p(0.95);temperature(0.9);dist",
+                    "temperature(0.8);top_p(0.9);temperature(1.5);dist",
+                    "top_p(0.5);temperature(0.9);dist",
+                    "top_p(0.999,3);temperature(0.9);dist",
+                ] {
                     let ctx = BuildContext::new(v, RngConfig::philox(i as u64 + 11))
                         .with_convention(tokensieve::Convention::Transformers);
                     let mut chain = Chain::from_spec(spec, &ctx).unwrap();
@@ -363,6 +368,55 @@ fn transformers_top_p_on_large_rows() {
     }
     eprintln!("transformers top_p on large rows: {fast} of {steps} took the fast path");
     assert!(fast >= steps / 4, "only {fast} of {steps}");
+}
+
+/// Transformers' `top_p;dist` when sampling (`row::top_p_dist`): the draw is certain from
+/// bounds on the softmax sum when `dist` picks the same token over the survivors of every cut
+/// they allow; otherwise `top_p` decides the cut and `dist` runs with the same draw. The same
+/// rows as `transformers_top_p_on_large_rows`, more steps: the tokens are the array path's,
+/// and the bounds decide most steps on peaked rows.
+#[test]
+fn transformers_top_p_dist_on_large_rows() {
+    let (mut steps, mut certain) = (0, 0);
+    let (mut peaked_steps, mut peaked_certain) = (0, 0);
+    for (i, v) in [4_099usize, 32_000, 128_256].into_iter().enumerate() {
+        for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::ShiftedDown, RowKind::Flat] {
+            for scale in [1.0f32, 3.0, 10.0] {
+                let row: Vec<f32> = generate::row(kind, v, i as u64 + 7).into_iter().map(|x| x * scale).collect();
+                for spec in
+                    ["top_p(0.95);dist", "temperature(0.8);top_p(0.9);dist", "top_p(0.5);dist", "top_p(0.999,3);dist"]
+                {
+                    let ctx = BuildContext::new(v, RngConfig::philox(i as u64 + 11))
+                        .with_convention(tokensieve::Convention::Transformers);
+                    let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+                    let mut stages = chain.stages().to_vec();
+                    for step in 0..12 {
+                        let want = array_path(&mut stages, &row).unwrap().selected_token();
+                        let got = chain.sample(&row).unwrap();
+                        assert_eq!(Some(got), want, "{spec} {kind:?} x{scale} V={v} step {step}");
+                        assert_eq!(chain.candidates().selected_token(), Some(got));
+                        let fast = (chain.last_path() == Path::Fast("top_p;dist")) as usize;
+                        steps += 1;
+                        certain += fast;
+                        if kind == RowKind::Peaked && !spec.contains("0.999") {
+                            peaked_steps += 1;
+                            peaked_certain += fast;
+                        }
+                        stages.iter_mut().for_each(|s| s.accept(got));
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "transformers top_p;dist on large rows: {certain} of {steps} steps certain from the bounds, \
+         {peaked_certain} of {peaked_steps} on peaked rows"
+    );
+    assert!(certain * 4 >= steps, "only {certain} of {steps} steps certain");
+    assert!(
+        peaked_certain * 10 >= peaked_steps * 8,
+        "peaked rows: only {peaked_certain} of {peaked_steps} steps certain"
+    );
 }
 
 /// The exact softmax sum that skips provable no-op additions, and `top_p` built on it, on

@@ -1279,8 +1279,8 @@ impl NearSums {
 static RUNG_BOUNDS: std::sync::LazyLock<[f64; RUNGS]> =
     std::sync::LazyLock::new(|| std::array::from_fn(|k| (-(k as f64) / 2.0).exp() * (1.0 + 2f64.powi(-21))));
 
-/// The largest f32 at most `x`.
-fn f32_at_most(x: f64) -> f32 {
+/// The largest f32 at most `x` (`x` not NaN).
+pub(crate) fn f32_at_most(x: f64) -> f32 {
     let f = x as f32;
     if f as f64 > x {
         f.next_down()
@@ -1289,7 +1289,7 @@ fn f32_at_most(x: f64) -> f32 {
     }
 }
 
-/// The smallest f32 at least `x`.
+/// The smallest f32 at least `x` (`x` not NaN).
 fn f32_at_least(x: f64) -> f32 {
     let f = x as f32;
     if (f as f64) < x {

@@ -51,17 +51,8 @@ impl Sampler for Dist {
     }
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
-        // A sparse view leaves out only -inf tokens, whose weight is exactly 0: the same
-        // nonzero weights are added in the same (vocabulary) order, so the sum and the draw
-        // are the dense row's. Not with a `+inf` logit (a temperature can overflow one): no
-        // weight is positive then and the dense row's fallback is token 0.
-        if !c.sparse || c.data.iter().any(|t| t.logit == f32::INFINITY) {
-            ensure_dense(c);
-        }
-        require_finite_candidate("dist", c)?;
         let u = self.draw();
-        Self::select(c, u);
-        Ok(())
+        Self::apply_drawn(c, u)
     }
 
     fn accept(&mut self, _token: u32) {
@@ -81,6 +72,20 @@ impl Dist {
     /// The uniform draw of this step, in `[0, 1)`.
     pub(crate) fn draw(&mut self) -> f64 {
         self.rng.uniform_f64()
+    }
+
+    /// `apply` with the draw `u` already made.
+    pub(crate) fn apply_drawn(c: &mut Candidates, u: f64) -> Result<()> {
+        // A sparse view leaves out only -inf tokens, whose weight is exactly 0: the same
+        // nonzero weights are added in the same (vocabulary) order, so the sum and the draw
+        // are the dense row's. Not with a `+inf` logit (a temperature can overflow one): no
+        // weight is positive then and the dense row's fallback is token 0.
+        if !c.sparse || c.data.iter().any(|t| t.logit == f32::INFINITY) {
+            ensure_dense(c);
+        }
+        require_finite_candidate("dist", c)?;
+        Self::select(c, u);
+        Ok(())
     }
 
     /// Selects the token for draw `u` from dense candidates (or a sparse view without `+inf`)
