@@ -134,6 +134,11 @@ pub(crate) struct Scratch {
     cheap: Vec<f32>,
     /// The blocks [`NearSums`] holds at their cheap estimates.
     cheap_ids: Vec<u32>,
+    /// [`CheapTier`]'s group sums (four interleaved sets of 256), kept here so that a tier
+    /// neither zeroes nor moves 8 KiB per draw: only `cheap_live` (the last tier's range of
+    /// groups, `lowest..above`) may be nonzero.
+    cheap_groups: Vec<[f64; 256]>,
+    cheap_live: (usize, usize),
     /// The summary of the row of the last [`prepare`], while it is known valid.
     pub(crate) summary: Option<Summary>,
     /// Which path the last [`prepare`] took (for tests and benchmarks).
@@ -1089,13 +1094,12 @@ pub(crate) struct NearSums {
 }
 
 /// [`NearSums`]' cheap tier: the blocks held at their cheap estimates are `s.cheap_ids`, grouped
-/// by the f32 exponent of their cheap sums `x` (a factor of 2 apart): `groups[j][e]` sums the
-/// `x` of group `e` (four interleaved sets, so that neighbouring blocks in one group do not
-/// wait on each other's additions). The groups from `above` up are empty: their blocks
+/// by the f32 exponent of their cheap sums `x` (a factor of 2 apart): `s.cheap_groups[j][e]`
+/// sums the `x` of group `e` (four interleaved sets, so that neighbouring blocks in one group
+/// do not wait on each other's additions). The groups from `above` up are empty: their blocks
 /// were exponentiated.
 struct CheapTier {
     interval: CheapInterval,
-    groups: [[f64; 256]; 4],
     /// The lowest group holding a block, and one above the highest.
     lowest: usize,
     above: usize,
@@ -1158,11 +1162,14 @@ impl NearSums {
         s.near.reserve(nb);
         s.cheap_ids.reserve(nb);
         // Whether the cheap kernel applies (it computes nothing for an empty list).
-        let cheap = arch::cheap_block_sums_at(r, t, max, &[], &mut s.cheap).map(|rho| CheapTier {
-            interval: CheapInterval::new(rho),
-            groups: [[0.0; 256]; 4],
-            lowest: 256,
-            above: 0,
+        let cheap = arch::cheap_block_sums_at(r, t, max, &[], &mut s.cheap).map(|rho| {
+            // Clear what the last tier left.
+            s.cheap_groups.resize(4, [0.0; 256]);
+            let (lowest, above) = std::mem::replace(&mut s.cheap_live, (256, 0));
+            if lowest < above {
+                s.cheap_groups.iter_mut().for_each(|g| g[lowest..above].fill(0.0));
+            }
+            CheapTier { interval: CheapInterval::new(rho), lowest: 256, above: 0 }
         });
         Some(Self { hist, cut: 0, approx_err: 0.0, cheap })
     }
@@ -1309,10 +1316,11 @@ impl CheapTier {
             let x = s.cheap[b as usize];
             s.block_sums[b as usize] = c.mid(x);
             let e = group(x);
-            self.groups[i & 3][e] += x as f64;
+            s.cheap_groups[i & 3][e] += x as f64;
             self.lowest = self.lowest.min(e);
             self.above = self.above.max(e + 1);
         }
+        s.cheap_live = (self.lowest, self.above);
         s.cheap_ids.extend_from_slice(&s.near);
     }
 
@@ -1326,7 +1334,7 @@ impl CheapTier {
         let mut kept = 0.0f64;
         let mut keep_below = self.lowest;
         while keep_below < self.above {
-            let x: f64 = self.groups.iter().map(|g| g[keep_below]).sum();
+            let x: f64 = s.cheap_groups.iter().map(|g| g[keep_below]).sum();
             let with = kept + c.half_width(x);
             if with > budget || budget <= 0.0 {
                 break;
@@ -1339,8 +1347,9 @@ impl CheapTier {
         if keep_below >= self.above {
             return (err, false);
         }
-        self.groups.iter_mut().for_each(|g| g[keep_below..self.above].fill(0.0));
+        s.cheap_groups.iter_mut().for_each(|g| g[keep_below..self.above].fill(0.0));
         self.above = keep_below;
+        s.cheap_live = (self.lowest, self.above);
         // The blocks that stay are compacted to the front of `cheap_ids`, the others listed in
         // `near`: without a branch per block (which goes either way at random), over locals
         // so that nothing is reloaded per block.
@@ -1616,6 +1625,27 @@ mod tests {
         check_near_sums(&high, 0.5).unwrap();
         let tiny: Vec<f32> = row.iter().map(|x| x * 1e-30).collect();
         check_near_sums(&tiny, 1e-38).unwrap();
+    }
+
+    /// A [`NearSums`] on a reused [`Scratch`] (its cheap tier's group sums live there) gives
+    /// the same sums and bounds as on a fresh one.
+    #[test]
+    fn near_sums_on_a_reused_scratch_leave_nothing_behind() {
+        let run = |row: &[f32], tries: usize, s: &mut Scratch| {
+            let max = arch::summarize(row, &mut s.block_max).max;
+            let mut near = NearSums::new(row, 1.0, max, s).unwrap();
+            DRAW_FAR_MASSES[..tries]
+                .iter()
+                .map(|&m| (near.widen(m, row, 1.0, max, s).to_bits(), total(&s.block_sums).to_bits()))
+                .collect::<Vec<_>>()
+        };
+        let first = generate::row(RowKind::Peaked, 32_000, 1);
+        let second = generate::row(RowKind::Peaked, 32_000, 2);
+        let mut reused = Scratch::default();
+        // One try leaves the cheap tier holding blocks (the last, at mass 0, empties it).
+        run(&first, 1, &mut reused);
+        let all = DRAW_FAR_MASSES.len();
+        assert_eq!(run(&second, all, &mut reused), run(&second, all, &mut Scratch::default()));
     }
 
     /// [`NearSums::sequential_sum_bounds`] holds llama.cpp's f32 softmax sum in row order
