@@ -460,12 +460,13 @@ fn top_p_and_its_softmax_sum_on_large_rows() {
 
 /// `top_p;dist` when sampling (`top_p_dist` in `convention::llama_cpp::dense`): the token is
 /// certain from bounds on llama.cpp's f32 softmax sum when every cut they allow draws the same
-/// entry; otherwise the exact sum runs. On large rows of every realistic shape, sharpened and
+/// entry; otherwise the exact sum runs, and where the cut lies beyond the first 256 entries
+/// the draw is made over the sorted values. On large rows of every realistic shape, sharpened and
 /// flattened, with masses that cut within the first 32, within 256 and beyond, the tokens are
 /// the array path's over many steps, and the bounds decide most steps on peaked rows.
 #[test]
 fn top_p_dist_on_large_rows() {
-    let (mut steps, mut certain) = (0, 0);
+    let (mut steps, mut certain, mut sorted) = (0, 0, 0);
     let (mut peaked_steps, mut peaked_certain) = (0, 0);
     for (i, v) in [1025usize, 4096, 32_000, 128_256].into_iter().enumerate() {
         for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::ShiftedDown, RowKind::NegInf, RowKind::Flat] {
@@ -485,6 +486,7 @@ fn top_p_dist_on_large_rows() {
                         let fast = (chain.last_path() == Path::Fast("top-p;dist")) as usize;
                         steps += 1;
                         certain += fast;
+                        sorted += (chain.last_path() == Path::Fast("top-p;dist (sorted)")) as usize;
                         // Language-model-like rows whose mass lies within the top 256.
                         if kind == RowKind::Peaked && scale >= 1.0 && !spec.contains("0.999") {
                             peaked_steps += 1;
@@ -498,9 +500,10 @@ fn top_p_dist_on_large_rows() {
     }
     eprintln!(
         "top_p;dist on large rows: {certain} of {steps} steps certain from the bounds, \
-         {peaked_certain} of {peaked_steps} on peaked rows"
+         {peaked_certain} of {peaked_steps} on peaked rows, {sorted} drawn over the sorted row"
     );
     assert!(certain * 4 >= steps, "only {certain} of {steps} steps certain");
+    assert!(sorted * 10 >= steps, "only {sorted} of {steps} steps drawn over the sorted row");
     assert!(
         peaked_certain * 10 >= peaked_steps * 8,
         "peaked rows: only {peaked_certain} of {peaked_steps} steps certain"

@@ -32,7 +32,9 @@
 //!      the cut, so the draw is certain when the cuts at both ends of the interval choose the
 //!      same token (the survivors' sum is bounded from the mass when the second cut lies far
 //!      down). Tries at masses 2^-2, 2^-5 and 2^-9; then the exact `top_p` above, with the
-//!      draw already made;
+//!      draw already made. Where the cut lies beyond the first 256 entries (flat rows),
+//!      llama.cpp sorts the whole array; the draw is then made over the row's values sorted
+//!      as integer keys, unless several entries hold the chosen value;
 //!    * `greedy` (when sampling): the first entry equal to the maximum, in the block the
 //!      summary found; when `greedy` is the first stage, step 1 is [`arch::locate_max`]
 //!      instead (validation and the maximum's block, no block maxima), which costs little
@@ -91,7 +93,7 @@
 //! set, with every `p` as the array path computes it.
 
 use crate::arch::{self, Summary, BLOCK};
-use crate::candidates::{rank_keys, Candidates, TokenData};
+use crate::candidates::{rank_keys, total_order_key, Candidates, TokenData};
 use crate::convention::{transformers, Convention};
 use crate::error::{Error, Result};
 use crate::logits::Logits;
@@ -124,8 +126,10 @@ pub(crate) struct Scratch {
     heap: Vec<f32>,
     /// Per-block f64 sums of weights (`dist`).
     pub(crate) block_sums: Vec<f64>,
-    /// One block of weights.
+    /// One block of weights (or a whole row's, sorted: `draw_by_sorting`).
     weights: Vec<f32>,
+    /// A row's values, sorted (`draw_by_sorting`).
+    sorted: Vec<f32>,
     /// How far below the maximum every block's weights lie ([`NearSums`]).
     rungs: Vec<u8>,
     /// Indices of the blocks [`NearSums::widen`] exponentiates.
@@ -824,19 +828,88 @@ fn top_p_dist(
         return Ok(Some(Prepared::Selected(token)));
     }
     // The exact sum, with the draw already made.
-    let Some(Stage::TopP(top_p_stage)) = stages.get(first) else { unreachable!("checked above") };
-    let (p, min_keep) = top_p_stage.params();
-    if top_p(p, min_keep, r, summary, s, c) {
-        s.path = Path::Fast("top-p");
-    } else {
-        s.path = Path::Fallback("top-p");
-        c.fill_validated(r);
-        for stage in &mut stages[..at] {
-            stage.apply(c)?;
+    let sum = arch::exp_sum_sequential(0.0, r, max, &s.block_max);
+    match sorted_prefix(p, min_keep, r, max, (sum, sum), s, c) {
+        Ok(_) => {
+            c.sorted = true;
+            s.path = Path::Fast("top-p");
+        }
+        Err(short) => {
+            if short == Short::Beyond {
+                if let Some(token) = draw_by_sorting(p, min_keep, r, max, sum, u, s, c) {
+                    s.path = Path::Fast("top-p;dist (sorted)");
+                    return Ok(Some(Prepared::Selected(token)));
+                }
+            }
+            s.path = Path::Fallback("top-p");
+            c.fill_validated(r);
+            for stage in &mut stages[..at] {
+                stage.apply(c)?;
+            }
         }
     }
     Dist::select(c, u);
     Ok(Some(Prepared::Built { applied: at + 1 }))
+}
+
+/// `top_p;dist`'s draw `u` when the cut lies beyond llama.cpp's first 256 entries (flat rows),
+/// given the exact softmax sum `sum`. llama.cpp then sorts the whole array (libstdc++'s
+/// bucket and heap sorts, which [`stdsort`] replays at some 80 ns per entry); but the cut,
+/// `dist`'s sums and the chosen position depend on the sorted *values* only, and the token
+/// on the order of equal values only where they sit at the chosen position. So only the
+/// values are sorted (as integer order keys), the cut and the draw follow llama.cpp's
+/// arithmetic over them, and the token is the one entry holding the chosen value when no
+/// other entry holds it (`None` otherwise: the array path decides).
+#[allow(clippy::too_many_arguments)]
+fn draw_by_sorting(
+    p: f32,
+    min_keep: usize,
+    r: &[f32],
+    max: f32,
+    sum: f32,
+    u: f64,
+    s: &mut Scratch,
+    c: &mut Candidates,
+) -> Option<u32> {
+    // Descending values as ascending keys; `x + 0.0` is `0.0` for `-0.0`, so equal values get
+    // equal keys.
+    let keys = &mut s.ranks;
+    keys.clear();
+    keys.extend(r.iter().map(|&x| !total_order_key(x + 0.0)));
+    keys.sort_unstable();
+    let values = &mut s.sorted;
+    values.clear();
+    values.extend(keys.iter().map(|&k| transformers::from_sort_key(!k)));
+    let weights = &mut s.weights;
+    weights.resize(r.len(), 0.0);
+    arch::exp_shifted(values, 1.0, max, weights);
+    // llama.cpp's cut: the running f32 sum of `p` in descending order (all kept if it never
+    // reaches `p`), and `dist`'s running f64 sums of the weights over the kept.
+    let sums = &mut s.top_weights;
+    sums.clear();
+    sums.push(0.0);
+    let (mut cum, mut running) = (0.0f32, 0.0f64);
+    for (j, &w) in weights.iter().enumerate() {
+        running += w as f64;
+        sums.push(running);
+        cum += w / sum;
+        if cum >= p && j + 1 >= min_keep {
+            break;
+        }
+    }
+    let k = sums.len() - 1;
+    let i = sums[1..].partition_point(|&run| run < sums[k] * u).min(k - 1);
+    // Another entry of the chosen value: libstdc++'s order would pick which token.
+    let tied = |j: usize| keys.get(j) == Some(&keys[i]);
+    if (i > 0 && tied(i - 1)) || tied(i + 1) {
+        return None;
+    }
+    let v = values[i];
+    let id = r.iter().position(|&x| x + 0.0 == v)? as u32;
+    c.begin(r.len());
+    c.data.push(TokenData { id, logit: r[id as usize], p: (weights[i] as f64 / sums[k]) as f32 });
+    c.selected = Some(0);
+    Some(id)
 }
 
 /// [`top_p_dist`]'s tries for draw `u` (the row has more than 1024 and fewer than 2^22
@@ -1726,5 +1799,48 @@ mod tests {
         }
         assert!(certified * 2 >= draws, "only {certified} of {draws} draws certified");
         assert!(by_mass >= 200, "the real row: only {by_mass} of 400 draws certified");
+    }
+
+    /// [`draw_by_sorting`] against the array path (llama.cpp's fill, `top_p` with its full sort,
+    /// then `dist` with the same draw) for draws spread over `[0, 1)`, on nearly flat rows
+    /// whose cut lies beyond the first 256 entries: every token it returns is the array
+    /// path's, and it declines exactly where the chosen value is held by several entries.
+    #[test]
+    fn draws_by_sorting_are_the_array_paths() {
+        use crate::sampler::top_p::TopP;
+        use crate::sampler::Sampler;
+        let (mut drawn, mut declined) = (0, 0);
+        for (v, seed) in [(2_000usize, 1u64), (32_000, 2)] {
+            let gaussian: Vec<f32> = generate::row(RowKind::Gaussian, v, seed).iter().map(|x| x * 0.02).collect();
+            // A coarse grid: ties everywhere.
+            let grid: Vec<f32> = gaussian.iter().map(|x| (x * 300.0).round() / 300.0).collect();
+            for row in [gaussian, grid] {
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0.0f32;
+                for &x in &row {
+                    sum += (x - max).exp();
+                }
+                for (p, min_keep) in [(0.95f32, 1usize), (0.5, 1), (0.3, 1500)] {
+                    let mut array = Candidates::from_logits(row.as_slice()).unwrap();
+                    TopP::new(p, min_keep).unwrap().apply(&mut array).unwrap();
+                    let (mut s, mut c) = (Scratch::default(), Candidates::default());
+                    for j in 0..200 {
+                        let u = (j as f64 + 0.5) / 200.0;
+                        let mut want = array.clone();
+                        Dist::select(&mut want, u);
+                        match draw_by_sorting(p, min_keep, &row, max, sum, u, &mut s, &mut c) {
+                            Some(token) => {
+                                assert_eq!(Some(token), want.selected_token(), "V={v} top_p({p},{min_keep}) u = {u}");
+                                let t = want.as_slice()[want.selected_index().unwrap()];
+                                assert_eq!(c.as_slice(), [t], "V={v} top_p({p},{min_keep}) u = {u}");
+                                drawn += 1;
+                            }
+                            None => declined += 1,
+                        }
+                    }
+                }
+            }
+        }
+        assert!(drawn >= 1000 && declined >= 200, "{drawn} drawn, {declined} declined");
     }
 }
