@@ -281,12 +281,18 @@ pub fn sorted_finite_logits<'k>(data: &[TokenData], keys: &'k mut Vec<u32>) -> O
             keys.push(total_order_key(t.logit));
         }
     }
+    Some(sort_keys(keys))
+}
+
+/// `keys` in ascending order: an LSD radix sort (a comparison sort for a few hundred keys),
+/// using `keys` itself as scratch (it is left twice as long); returns the sorted slice.
+pub(crate) fn sort_keys(keys: &mut Vec<u32>) -> &[u32] {
     let m = keys.len();
     if m <= 512 {
         // A handful of values (after top_k, or on a sparse view): the radix sort's fixed cost
         // (four 256-entry histograms) would dominate.
         keys.sort_unstable();
-        return Some(keys);
+        return keys;
     }
     // Four passes of 8 bits: 256 scatter streams per pass stay cache-friendly.
     const BITS: u32 = 8;
@@ -316,7 +322,7 @@ pub fn sorted_finite_logits<'k>(data: &[TokenData], keys: &'k mut Vec<u32>) -> O
         }
         std::mem::swap(&mut src, &mut dst);
     }
-    Some(src)
+    src
 }
 
 /// Masks token `i` (HF's `masked_fill(mask, -inf)`).

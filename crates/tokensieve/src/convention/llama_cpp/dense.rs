@@ -857,7 +857,7 @@ fn top_p_dist(
 /// bucket and heap sorts, which [`stdsort`] replays at some 80 ns per entry); but the cut,
 /// `dist`'s sums and the chosen position depend on the sorted *values* only, and the token
 /// on the order of equal values only where they sit at the chosen position. So only the
-/// values are sorted (as integer order keys), the cut and the draw follow llama.cpp's
+/// values are sorted (as integer order keys, by a radix sort), the cut and the draw follow llama.cpp's
 /// arithmetic over them, and the token is the one entry holding the chosen value when no
 /// other entry holds it (`None` otherwise: the array path decides).
 #[allow(clippy::too_many_arguments)]
@@ -871,15 +871,15 @@ fn draw_by_sorting(
     s: &mut Scratch,
     c: &mut Candidates,
 ) -> Option<u32> {
-    // Descending values as ascending keys; `x + 0.0` is `0.0` for `-0.0`, so equal values get
-    // equal keys.
+    // The values as order keys, sorted ascending (then read from the end); `x + 0.0` is `0.0`
+    // for `-0.0`, so equal values get equal keys.
     let keys = &mut s.ranks;
     keys.clear();
-    keys.extend(r.iter().map(|&x| !total_order_key(x + 0.0)));
-    keys.sort_unstable();
+    keys.extend(r.iter().map(|&x| total_order_key(x + 0.0)));
+    let ascending = transformers::sort_keys(keys);
     let values = &mut s.sorted;
     values.clear();
-    values.extend(keys.iter().map(|&k| transformers::from_sort_key(!k)));
+    values.extend(ascending.iter().rev().map(|&k| transformers::from_sort_key(k)));
     let weights = &mut s.weights;
     weights.resize(r.len(), 0.0);
     arch::exp_shifted(values, 1.0, max, weights);
@@ -900,7 +900,7 @@ fn draw_by_sorting(
     let k = sums.len() - 1;
     let i = sums[1..].partition_point(|&run| run < sums[k] * u).min(k - 1);
     // Another entry of the chosen value: libstdc++'s order would pick which token.
-    let tied = |j: usize| keys.get(j) == Some(&keys[i]);
+    let tied = |j: usize| values.get(j) == Some(&values[i]);
     if (i > 0 && tied(i - 1)) || tied(i + 1) {
         return None;
     }
