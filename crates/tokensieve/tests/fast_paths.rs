@@ -545,6 +545,7 @@ fn hf_chain() -> impl Strategy<Value = String> {
         Just(";greedy"),
         Just(";top_p(0.95);min_p(0.05);dist"),
         Just(";top_p(0.5,3);dist"),
+        Just(";min_p(0.3,4);top_p(0.9,2);dist"),
         Just(";temperature(0.7);min_p(0.1,2);dist"),
         Just(";top_k(5);dist"),
         Just(";typical(0.9);dist"),

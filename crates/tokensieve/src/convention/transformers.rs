@@ -31,6 +31,7 @@ use crate::candidates::{total_order_key, Candidates, TokenData};
 use crate::stdsort;
 
 pub(crate) mod row;
+mod tail;
 
 /// A Python float meeting an f32 tensor: rounded to the nearest f32.
 #[inline]

@@ -116,8 +116,11 @@ pub(crate) struct Scratch {
     pub(crate) blocks: Vec<TokenData>,
     /// Sort keys of `gathered` ([`rank_keys`]).
     pub(crate) gathered_ranks: Vec<u64>,
-    /// f64 weights of `gathered` (transformers row `top_p`).
+    /// f64 weights of `gathered` (transformers row `top_p`), or of a sparse view
+    /// (`transformers::tail`).
     pub(crate) top_weights: Vec<f64>,
+    /// Which tokens of a sparse view are still live (`transformers::tail`).
+    pub(crate) alive: Vec<bool>,
     /// Tokens a transformers `repetition_penalty` edits, with their processed logits.
     pub(crate) edited: Vec<TokenData>,
     /// Order keys of processed logits (transformers row path: the k-th largest).

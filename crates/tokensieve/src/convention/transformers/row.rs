@@ -35,6 +35,9 @@
 //!   positions, the draw is certain if `dist` picks the same token over the survivors of
 //!   each ([`top_p_dist`]).
 //!
+//! After `top_k` or `min_p`, a tail of `top_p`/`min_p` stages and `dist` runs fused over the
+//! sparse view, each token's weight computed once (`tail`).
+//!
 //! Anything else (another first stage, a stage after them this module does not know to
 //! be sparse-safe, non-finite processed logits, fewer finite logits than `k`) takes the
 //! array path; the result is the same either way, which the tests below check against it.
@@ -310,6 +313,9 @@ pub(crate) fn prepare(
         }
     }
     c.sparse = true;
+    if let Some(done) = super::tail::sample(stages, end + 1, c, s)? {
+        return Ok(Some(done));
+    }
     Ok(Some(Prepared::Built { applied: end + 1 }))
 }
 
