@@ -458,6 +458,52 @@ fn top_p_and_its_softmax_sum_on_large_rows() {
     assert!(fast >= 100, "only {fast} of 240");
 }
 
+/// `top_k(k)` with more survivors than the row has blocks of 64 (so the block maxima cannot
+/// bound the k-th largest; the row's values are counted instead), with and without penalties,
+/// on rows with ties and masked entries, up to `k = V`: the candidates are the array path's,
+/// bit for bit, under both conventions.
+#[test]
+fn top_k_past_the_block_count() {
+    use tokensieve::Convention;
+    let mut fast = 0;
+    let mut total = 0;
+    for (v, seed) in [(300usize, 1u64), (2_000, 2), (32_000, 3)] {
+        for kind in [RowKind::Peaked, RowKind::Ties, RowKind::NegInf, RowKind::Gaussian] {
+            let row = generate::row(kind, v, seed);
+            for k in [v / 64 + 1, v / 8, v / 2, v - 1, v] {
+                for prefix in ["", "penalties(64,1.3,0.5,0.5);"] {
+                    for convention in [Convention::LlamaCpp, Convention::Transformers] {
+                        let spec = match convention {
+                            Convention::LlamaCpp => format!("{prefix}top_k({k});greedy"),
+                            Convention::Transformers => format!("top_k({k});greedy"),
+                        };
+                        let ctx = BuildContext::new(v, RngConfig::philox(seed)).with_convention(convention);
+                        let mut chain = Chain::from_spec_for_apply(&spec, &ctx).unwrap();
+                        for t in [3u32, 3, 17, (v - 1) as u32] {
+                            chain.accept(t);
+                        }
+                        let mut stages = chain.stages().to_vec();
+                        let want = array_path(&mut stages, &row).unwrap();
+                        let got = chain.apply(&row).unwrap().clone();
+                        same(&got, &want).unwrap_or_else(|e| panic!("{spec} {kind:?} V={v}: {e}"));
+                        // Sampling takes the row path (transformers) or the same top_k.
+                        let mut sampler = Chain::from_spec(&spec, &ctx).unwrap();
+                        for t in [3u32, 3, 17, (v - 1) as u32] {
+                            sampler.accept(t);
+                        }
+                        let token = sampler.sample(&row).unwrap();
+                        assert_eq!(Some(token), want.selected_token(), "{spec} {kind:?} V={v}");
+                        total += 1;
+                        fast += matches!(sampler.last_path(), Path::Fast(_)) as usize;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("top_k past the block count: {fast} of {total} samples took a fast path");
+    assert!(fast * 2 >= total, "only {fast} of {total}");
+}
+
 /// `top_p;dist` when sampling (`top_p_dist` in `convention::llama_cpp::dense`): the token is
 /// certain from bounds on llama.cpp's f32 softmax sum when every cut they allow draws the same
 /// entry; otherwise the exact sum runs, and where the cut lies beyond the first 256 entries

@@ -17,7 +17,8 @@
 //!      `e` overlay entries had a row value `>= τ`, is at most the k-th largest logit (that
 //!      many blocks each hold an entry `>= τ`, at most `e` of them edited), so gathering the
 //!      entries `>= τ` from the blocks whose maximum reaches it yields a superset of the top k
-//!      from a few percent of the row;
+//!      from a few percent of the row (for `k + e` beyond the number of blocks, `τ` comes from
+//!      counting the row's entries `>= τ` instead);
 //!    * `min_p(p)`: the maximum from the summary, then the entries `>= max + ln p` gathered in
 //!      row order from the blocks that reach it;
 //!    * `top_p(p)` (no overlay, V > 1024): the f32 softmax sum in row order reproduced exactly
@@ -452,6 +453,41 @@ fn threshold(need: usize, max: f32, s: &mut Scratch) -> Option<f32> {
     Some(tau)
 }
 
+/// A `tau` with at least `need` entries of the row `r` `>= tau`, and usually not many more:
+/// `max - gap` for the gap that worked for this `need` before, checked by one counting pass
+/// over the row, else bisected (a pass each). `None` when the row has fewer than `need`
+/// entries or its maximum is not finite.
+fn row_threshold(need: usize, max: f32, r: &[f32], s: &mut Scratch) -> Option<f32> {
+    if need == 0 || need > r.len() || !max.is_finite() {
+        return None;
+    }
+    let slot = s.gaps.iter().position(|g| g.0 == need);
+    let mut gap = slot.map_or(4.0, |i| s.gaps[i].1);
+    // Gaps known to give too few (`lo`) and enough (`hi`) entries.
+    let (mut lo, mut hi) = (0.0f32, f32::INFINITY);
+    for _ in 0..16 {
+        let n = arch::count_ge(r, max - gap);
+        if n >= need {
+            hi = gap;
+            if n <= need + need / 4 + 8 {
+                break;
+            }
+        } else {
+            lo = gap;
+        }
+        gap = if hi.is_finite() { 0.5 * (lo + hi) } else { gap * 2.0 };
+        if !gap.is_finite() {
+            break;
+        }
+    }
+    if !hi.is_finite() {
+        // Even every finite entry may not be enough: -inf entries count only at -inf.
+        return (arch::count_ge(r, f32::NEG_INFINITY) >= need).then_some(f32::NEG_INFINITY);
+    }
+    remember(s, slot, need, hi);
+    Some(max - hi)
+}
+
 fn remember(s: &mut Scratch, slot: Option<usize>, need: usize, gap: f32) {
     let i = slot.unwrap_or_else(|| s.gaps.iter().position(|g| g.0 == 0).unwrap_or(need % 4));
     s.gaps[i] = (need, gap);
@@ -503,7 +539,10 @@ pub(crate) fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<f32> {
     let max = s.summary.map_or(f32::NEG_INFINITY, |m| m.max);
     let mut extra = 0;
     let tau = loop {
-        let tau = threshold(k + extra, max, s)?;
+        let need = k + extra;
+        // More than there are blocks: the block maxima cannot bound it; the row's own values
+        // are counted instead.
+        let tau = if need > s.block_max.len() { row_threshold(need, max, r, s)? } else { threshold(need, max, s)? };
         let large = s.overlay.iter().filter(|e| r[e.0 as usize] >= tau && e.1 < tau).count();
         if large <= extra {
             break tau;
