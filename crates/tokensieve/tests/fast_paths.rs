@@ -267,26 +267,42 @@ fn sample_matches_the_array_path() {
 }
 
 /// The `dist` fast path's certainty test on rows where many draws land near an interval end:
-/// a flat row (every weight equal, so every boundary is a multiple of the same value) and rows
-/// with a huge number of tiny weights.
+/// a flat row (every weight equal, so every boundary is a multiple of the same value), a
+/// nearly flat one, and rows with a huge number of tiny weights. `min_p` first keeps every
+/// entry of the (nearly) flat rows, so `dist` draws from the row there too.
 #[test]
 fn dist_on_flat_and_long_tailed_rows() {
+    let mut after_min_p = 0;
     for (v, seed) in [(20_000usize, 1u64), (50_000, 2), (128_256, 3)] {
-        for kind in [RowKind::Flat, RowKind::Peaked, RowKind::Huge, RowKind::ShiftedDown] {
-            let row = generate::row(kind, v, seed);
-            for spec in ["dist", "temperature(0.8);dist", "temperature(3);dist"] {
+        let nearly_flat: Vec<f32> = generate::row(RowKind::Gaussian, v, seed).iter().map(|x| x * 0.02).collect();
+        let rows = [RowKind::Flat, RowKind::Peaked, RowKind::Huge, RowKind::ShiftedDown]
+            .map(|kind| (format!("{kind:?}"), generate::row(kind, v, seed)));
+        // Every block reaches `min_p(0.9)`'s threshold, but every third entry does not.
+        let lower_third: Vec<f32> =
+            nearly_flat.iter().enumerate().map(|(i, &x)| if i % 3 == 0 { -0.2 } else { x * 0.05 }).collect();
+        let extra = [("nearly flat".to_string(), nearly_flat), ("lower third".to_string(), lower_third)];
+        for (kind, row) in rows.into_iter().chain(extra) {
+            for spec in [
+                "dist",
+                "temperature(0.8);dist",
+                "temperature(3);dist",
+                "min_p(0.05);temperature(0.8);dist",
+                "min_p(0.9,2);dist",
+            ] {
                 let ctx = BuildContext::new(v, RngConfig::mt19937(seed as u32));
                 let mut chain = Chain::from_spec(spec, &ctx).unwrap();
                 let mut stages = chain.stages().to_vec();
                 for step in 0..20 {
                     let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
                     let got = chain.sample(&row).unwrap();
-                    assert_eq!(got, want, "{spec} {kind:?} V={v} step {step}");
+                    assert_eq!(got, want, "{spec} {kind} V={v} step {step}");
+                    after_min_p += (spec.starts_with("min_p") && chain.last_path() != Path::Fast("min-p")) as usize;
                     stages.iter_mut().for_each(|s| s.accept(got));
                 }
             }
         }
     }
+    assert!(after_min_p >= 100, "min_p kept every entry in only {after_min_p} steps");
 }
 
 /// The transformers `dist` path's certainty test where many draws land near an interval end

@@ -20,7 +20,8 @@
 //!      from a few percent of the row (for `k + e` beyond the number of blocks, `τ` comes from
 //!      counting the row's entries `>= τ` instead);
 //!    * `min_p(p)`: the maximum from the summary, then the entries `>= max + ln p` gathered in
-//!      row order from the blocks that reach it;
+//!      row order from the blocks that reach it (when sampling, a `min_p` that keeps every
+//!      entry is skipped, so that a `[temperature;] dist` after it draws from the row);
 //!    * `top_p(p)` (no overlay, V > 1024): the f32 softmax sum in row order reproduced exactly
 //!      by [`arch::exp_sum_sequential`] (entries whose weight is below half an ulp of the
 //!      running sum cannot change it and are never exponentiated), then the sorted top
@@ -305,6 +306,19 @@ fn prepare_f32(
     if need == Need::Token && s.overlay.is_empty() {
         if let Some(done) = top_p_dist(stages, first, r, summary, s, c)? {
             return Ok(done);
+        }
+    }
+    // `min_p` that keeps every entry leaves the array as llama.cpp fills it: the rest of the
+    // chain runs as if it came first (on nearly flat rows, `[temperature;] dist` then draws
+    // from the row instead of an array of the whole vocabulary).
+    if let Some(Stage::MinP(m)) = stages.get(first) {
+        if need == Need::Token && s.overlay.is_empty() && min_p_keeps_all(m.params(), r, summary, s) {
+            if let Some(done) = dist(stages, first + 1, r, summary, s, c)? {
+                if let Prepared::Built { .. } = done {
+                    s.path = Path::Fallback("dist");
+                }
+                return Ok(done);
+            }
         }
     }
     let done = match stages.get(first) {
@@ -683,6 +697,17 @@ fn min_p(p: f32, min_keep: usize, r: &[f32], summary: Summary, s: &mut Scratch, 
     c.begin(r.len());
     c.data.extend_from_slice(&s.gathered);
     true
+}
+
+/// Whether `min_p(p, min_keep)` on the untouched row keeps every entry (then llama.cpp leaves
+/// the array as filled): every block's maximum reaches the threshold (one pass over the block
+/// maxima, which fails at once on a peaked row), and then every entry does (one over the row).
+fn min_p_keeps_all((p, min_keep): (f32, usize), r: &[f32], summary: Summary, s: &Scratch) -> bool {
+    if summary.max == f32::NEG_INFINITY || min_keep > r.len() || s.block_max.len() != r.len().div_ceil(BLOCK) {
+        return false;
+    }
+    let min_logit = summary.max + p.ln();
+    arch::count_ge(&s.block_max, min_logit) == s.block_max.len() && arch::count_ge(r, min_logit) == r.len()
 }
 
 /// Pops the largest entry of a max-heap (by logit) stored in `h[..*len]`.
