@@ -529,11 +529,22 @@ fn top_k_past_the_block_count() {
 #[test]
 fn top_p_dist_on_large_rows() {
     let (mut steps, mut certain, mut sorted) = (0, 0, 0);
+    let (mut bf16_steps, mut bf16_array) = (0, 0);
     let (mut peaked_steps, mut peaked_certain) = (0, 0);
     for (i, v) in [1025usize, 4096, 32_000, 128_256].into_iter().enumerate() {
-        for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::ShiftedDown, RowKind::NegInf, RowKind::Flat] {
+        for kind in
+            [RowKind::Peaked, RowKind::Gaussian, RowKind::ShiftedDown, RowKind::NegInf, RowKind::Flat, RowKind::Bf16]
+        {
             for scale in [0.3f32, 1.0, 3.0] {
-                let row: Vec<f32> = generate::row(kind, v, i as u64 + 7).into_iter().map(|x| x * scale).collect();
+                // `Bf16` here: a language-model-like row as an engine hands it over in bfloat16
+                // (exact ties everywhere below the top few).
+                let row: Vec<f32> = match kind {
+                    RowKind::Bf16 => generate::row(RowKind::Peaked, v, i as u64 + 7)
+                        .into_iter()
+                        .map(|x| half::bf16::from_f32(x * scale).to_f32())
+                        .collect(),
+                    _ => generate::row(kind, v, i as u64 + 7).into_iter().map(|x| x * scale).collect(),
+                };
                 for spec in
                     ["top_p(0.95);dist", "top_p(0.5,3);dist", "top_p(0.999);dist", "top_p(0.9);temperature(1);dist"]
                 {
@@ -549,6 +560,10 @@ fn top_p_dist_on_large_rows() {
                         steps += 1;
                         certain += fast;
                         sorted += (chain.last_path() == Path::Fast("top-p;dist (sorted)")) as usize;
+                        if kind == RowKind::Bf16 && scale >= 1.0 {
+                            bf16_steps += 1;
+                            bf16_array += (chain.last_path() == Path::Fallback("top-p")) as usize;
+                        }
                         // Language-model-like rows whose mass lies within the top 256.
                         if kind == RowKind::Peaked && scale >= 1.0 && !spec.contains("0.999") {
                             peaked_steps += 1;
@@ -562,14 +577,48 @@ fn top_p_dist_on_large_rows() {
     }
     eprintln!(
         "top_p;dist on large rows: {certain} of {steps} steps certain from the bounds, \
-         {peaked_certain} of {peaked_steps} on peaked rows, {sorted} drawn over the sorted row"
+         {peaked_certain} of {peaked_steps} on peaked rows, {sorted} drawn over the sorted row, \
+         {bf16_array} of {bf16_steps} on bf16 rows on the array path"
     );
     assert!(certain * 4 >= steps, "only {certain} of {steps} steps certain");
     assert!(sorted * 10 >= steps, "only {sorted} of {steps} steps drawn over the sorted row");
+    // Ties everywhere but at the top: the draw declines only where the chosen value is tied.
+    assert!(bf16_array * 4 <= bf16_steps, "bf16 rows: {bf16_array} of {bf16_steps} steps took the array path");
     assert!(
         peaked_certain * 10 >= peaked_steps * 8,
         "peaked rows: only {peaked_certain} of {peaked_steps} steps certain"
     );
+}
+
+/// `top_p;dist` where two entries hold the value at the cut: which of them llama.cpp keeps, and
+/// so which token a draw landing there picks, is libstdc++'s sort order; the fast path must
+/// decline those draws (the tie lies right after the prefix it pops), and take the others.
+#[test]
+fn top_p_dist_declines_a_tie_at_the_chosen_position() {
+    for (first, second) in [(5usize, 900usize), (900, 5), (1500, 100), (100, 1500), (1024, 1025)] {
+        // Weights 1, 0.61, 0.37, 0.37 and a tail of distinct tiny ones: p = 0.8 cuts after the
+        // first of the equal pair.
+        let mut row: Vec<f32> = (0..2048).map(|i| -30.0 + i as f32 * 1e-4).collect();
+        row[10] = 0.0;
+        row[20] = -0.5;
+        row[first] = -1.0;
+        row[second] = -1.0;
+        let ctx = BuildContext::new(row.len(), RngConfig::philox(first as u64));
+        let mut chain = Chain::from_spec("top_p(0.8);dist", &ctx).unwrap();
+        let mut stages = chain.stages().to_vec();
+        let (mut fast, mut declined) = (0, 0);
+        for step in 0..200 {
+            let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
+            let got = chain.sample(&row).unwrap();
+            assert_eq!(got, want, "ties at {first} and {second}, step {step}");
+            match chain.last_path() {
+                Path::Fallback(_) => declined += 1,
+                _ => fast += 1,
+            }
+            stages.iter_mut().for_each(|s| s.accept(got));
+        }
+        assert!(fast >= 100 && declined >= 10, "ties at {first} and {second}: {fast} fast, {declined} declined");
+    }
 }
 
 /// A transformers-convention chain the row path (`convention::transformers::row`) may take:

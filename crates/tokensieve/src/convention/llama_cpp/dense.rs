@@ -747,11 +747,21 @@ fn top_p(p: f32, min_keep: usize, r: &[f32], summary: Summary, s: &mut Scratch, 
         return false;
     }
     let sum = arch::exp_sum_sequential(0.0, r, summary.max, &s.block_max);
-    if sorted_prefix(p, min_keep, r, summary.max, (sum, sum), s, c).is_err() {
+    if sorted_prefix((p, min_keep), r, summary.max, (sum, sum), Ties::Matter, s, c).is_err() {
         return false;
     }
     c.sorted = true;
     true
+}
+
+/// Whether [`sorted_prefix`] must leave llama.cpp's exact order (`Matter`: the candidates are
+/// observed, so equal values anywhere in the prefix or at its cut decline), or only the
+/// values in order and the entry after the prefix (`Allowed`: for a draw, whose token is
+/// certain wherever its value is held by no neighbour).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ties {
+    Matter,
+    Allowed,
 }
 
 /// Why [`sorted_prefix`] could not finish.
@@ -775,15 +785,16 @@ enum Short {
 /// if the mass was not reached within the first. Descending order is the row's only for
 /// pairwise distinct values, so any tie up to the cut at `lo` or at it is `Short::Tie`.
 fn sorted_prefix(
-    p: f32,
-    min_keep: usize,
+    (p, min_keep): (f32, usize),
     r: &[f32],
     max: f32,
     (lo, hi): (f32, f32),
+    ties: Ties,
     s: &mut Scratch,
     c: &mut Candidates,
 ) -> std::result::Result<(usize, Option<usize>), Short> {
     const TOP: usize = 256;
+    let check = ties == Ties::Matter;
     let blocks = s.block_max.len();
     for need in [32.min(blocks), TOP.min(blocks)] {
         if gather_top(need, r, s).is_none() {
@@ -803,7 +814,7 @@ fn sorted_prefix(
             let Some(mut t) = pop_max(g, &mut len) else { break };
             let w = (t.logit - max).exp();
             if cut.is_none() {
-                if c.data.last().is_some_and(|prev| prev.logit == t.logit) {
+                if check && c.data.last().is_some_and(|prev| prev.logit == t.logit) {
                     return Err(Short::Tie);
                 }
                 t.p = w / lo;
@@ -812,13 +823,18 @@ fn sorted_prefix(
             cum_hi += w / hi;
             c.data.push(t);
             if cut.is_none() && cum >= p && i + 1 >= min_keep {
-                if len > 0 && g[0].logit == t.logit {
+                if check && len > 0 && g[0].logit == t.logit {
                     return Err(Short::Tie);
                 }
                 cut = Some(i + 1);
             }
             if let Some(k) = cut {
                 if cum_hi >= p && i + 1 >= min_keep {
+                    // Where ties are allowed, the entry after the prefix too: its value tells
+                    // whether the prefix's last one is tied.
+                    if !check {
+                        c.data.extend(pop_max(g, &mut len));
+                    }
                     return Ok((k, Some(i + 1)));
                 }
                 if i + 1 >= k + PAST_THE_CUT {
@@ -827,6 +843,9 @@ fn sorted_prefix(
             }
         }
         if let Some(k) = cut {
+            if !check {
+                c.data.extend(pop_max(g, &mut len));
+            }
             return Ok((k, None));
         }
         if c.data.len() >= TOP {
@@ -868,8 +887,10 @@ const TOP_P_FAR_MASSES: [f64; 3] = [1.0 / 4.0, 1.0 / 32.0, 1.0 / 512.0];
 ///   reaches `u · P(k)`, which grows with `k`: the draw is certain when the two ends' cuts
 ///   pick the same token.
 ///
-/// Otherwise the next try narrows the interval, and after the last the exact `top_p` runs
-/// with the draw already made: the token is always the array path's.
+/// Otherwise the next try narrows the interval; after the last, the exact sum pins the cut.
+/// Equal values (half-precision rows are full of them) change nothing above but which token
+/// holds a position: a draw is taken only where no neighbour holds the chosen value, and
+/// otherwise the array path draws with the same `u`. The token is always the array path's.
 fn top_p_dist(
     stages: &mut [Stage],
     first: usize,
@@ -894,26 +915,27 @@ fn top_p_dist(
         s.path = Path::Fast("top-p;dist");
         return Ok(Some(Prepared::Selected(token)));
     }
-    // The exact sum, with the draw already made.
+    // The exact sum: the cut is certain, and so is the draw unless several entries hold the
+    // chosen value.
     let sum = arch::exp_sum_sequential(0.0, r, max, &s.block_max);
-    match sorted_prefix(p, min_keep, r, max, (sum, sum), s, c) {
-        Ok(_) => {
-            c.sorted = true;
-            s.path = Path::Fast("top-p");
-        }
-        Err(short) => {
-            if short == Short::Beyond {
-                if let Some(token) = draw_by_sorting(p, min_keep, r, max, sum, u, s, c) {
-                    s.path = Path::Fast("top-p;dist (sorted)");
-                    return Ok(Some(Prepared::Selected(token)));
-                }
-            }
-            s.path = Path::Fallback("top-p");
-            c.fill_validated(r);
-            for stage in &mut stages[..at] {
-                stage.apply(c)?;
-            }
-        }
+    let drawn = match sorted_prefix((p, min_keep), r, max, (sum, sum), Ties::Allowed, s, c) {
+        Ok(cuts) => certain_draw(p, max, sum, 0.0, cuts, u, s, c).map(|(i, cut_sum)| {
+            s.path = Path::Fast("top-p;dist (exact sum)");
+            select_prefix_entry(c, i, max, cut_sum)
+        }),
+        Err(Short::Beyond) => draw_by_sorting(p, min_keep, r, max, sum, u, s, c).inspect(|_| {
+            s.path = Path::Fast("top-p;dist (sorted)");
+        }),
+        Err(Short::Tie) => None,
+    };
+    if let Some(token) = drawn {
+        return Ok(Some(Prepared::Selected(token)));
+    }
+    // With the draw already made.
+    s.path = Path::Fallback("top-p");
+    c.fill_validated(r);
+    for stage in &mut stages[..at] {
+        stage.apply(c)?;
     }
     Dist::select(c, u);
     Ok(Some(Prepared::Built { applied: at + 1 }))
@@ -1000,7 +1022,7 @@ fn certain_top_p_draw(
         // Both intervals hold `S`: so does their intersection.
         (lo, hi) = (lo.max(l), hi.min(h));
         debug_assert!(lo <= hi, "disjoint bounds on one sum");
-        let cuts = match sorted_prefix(p, min_keep, r, max, (lo, hi), s, c) {
+        let cuts = match sorted_prefix((p, min_keep), r, max, (lo, hi), Ties::Allowed, s, c) {
             Ok(cuts) => cuts,
             Err(Short::Tie) => return None,
             Err(Short::Beyond) => continue,
@@ -1012,15 +1034,21 @@ fn certain_top_p_draw(
             .min(near.rounding_bound(2f64.powi(-25) * lo as f64) / lo as f64 * (1.0 + 2f64.powi(-22)))
             + r.len() as f64 * 2f64.powi(-149);
         if let Some((i, cut_sum)) = certain_draw(p, max, hi, lost, cuts, u, s, c) {
-            let t = c.data[i];
-            let weight = (t.logit - max).exp();
-            c.begin(r.len());
-            c.data.push(TokenData { p: (weight as f64 / cut_sum) as f32, ..t });
-            c.selected = Some(0);
-            return Some(t.id);
+            return Some(select_prefix_entry(c, i, max, cut_sum));
         }
     }
     None
+}
+
+/// Leaves entry `i` of the prefix in `c` alone, selected, with its weight over `cut_sum`; its
+/// token.
+fn select_prefix_entry(c: &mut Candidates, i: usize, max: f32, cut_sum: f64) -> u32 {
+    let t = c.data[i];
+    let weight = (t.logit - max).exp();
+    c.begin(c.vocab_size);
+    c.data.push(TokenData { p: (weight as f64 / cut_sum) as f32, ..t });
+    c.selected = Some(0);
+    t.id
 }
 
 /// [`top_p_dist`]'s test on the descending prefix in `c` ([`sorted_prefix`]'s, with its
@@ -1061,6 +1089,13 @@ fn certain_draw(
     }
     // One exists: `u < 1`.
     let i = sums[1..=k].partition_point(|&run| run < sums[k] * u).min(k - 1);
+    // The prefix's values are the row's in order, but equal values in any order: the token
+    // at `i` is certain only if no neighbour holds its value (the prefix holds the entry
+    // after its end, if there is one; entries outside it are smaller).
+    let value = c.data[i].logit;
+    if (i > 0 && c.data[i - 1].logit == value) || c.data.get(i + 1).is_some_and(|t| t.logit == value) {
+        return None;
+    }
     let upper = match k_hi {
         Some(k_hi) => sums[k_hi],
         None => {
