@@ -700,14 +700,15 @@ fn min_p(p: f32, min_keep: usize, r: &[f32], summary: Summary, s: &mut Scratch, 
 }
 
 /// Whether `min_p(p, min_keep)` on the untouched row keeps every entry (then llama.cpp leaves
-/// the array as filled): every block's maximum reaches the threshold (one pass over the block
-/// maxima, which fails at once on a peaked row), and then every entry does (one over the row).
+/// the array as filled): every block's maximum reaches the threshold (a scan of the block
+/// maxima that stops at the first below it, at once on a peaked row), and then every entry
+/// does (one pass over the row).
 fn min_p_keeps_all((p, min_keep): (f32, usize), r: &[f32], summary: Summary, s: &Scratch) -> bool {
     if summary.max == f32::NEG_INFINITY || min_keep > r.len() || s.block_max.len() != r.len().div_ceil(BLOCK) {
         return false;
     }
     let min_logit = summary.max + p.ln();
-    arch::count_ge(&s.block_max, min_logit) == s.block_max.len() && arch::count_ge(r, min_logit) == r.len()
+    s.block_max.iter().all(|&bm| bm >= min_logit) && arch::count_ge(r, min_logit) == r.len()
 }
 
 /// Pops the largest entry of a max-heap (by logit) stored in `h[..*len]`.
