@@ -33,10 +33,11 @@
 //!      rounding; the cut moves monotonically with the sum, and so does `dist`'s choice with
 //!      the cut, so the draw is certain when the cuts at both ends of the interval choose the
 //!      same token (the survivors' sum is bounded from the mass when the second cut lies far
-//!      down). Tries at masses 2^-2, 2^-5 and 2^-9; then the exact `top_p` above, with the
-//!      draw already made. Where the cut lies beyond the first 256 entries (flat rows),
-//!      llama.cpp sorts the whole array; the draw is then made over the row's values sorted
-//!      as integer keys, unless several entries hold the chosen value;
+//!      down). Tries at masses 2^-2, 2^-5 and 2^-9; then the exact sum above pins the cut.
+//!      Equal values change only which token holds a position, so a draw declines only
+//!      where a neighbour holds the chosen value (the array path then draws with the same
+//!      `u`). Where the cut lies beyond the first 256 entries (flat rows), llama.cpp sorts the
+//!      whole array; the draw is then made over the row's values, radix-sorted;
 //!    * `greedy` (when sampling): the first entry equal to the maximum, in the block the
 //!      summary found; when `greedy` is the first stage, step 1 is [`arch::locate_max`]
 //!      instead (validation and the maximum's block, no block maxima), which costs little
