@@ -640,6 +640,9 @@ fn hf_chain() -> impl Strategy<Value = String> {
         2 => (prop_oneof![Just(1.1f32), Just(0.7), Just(1.5)], temperature)
             .prop_map(|(p, t)| format!("repetition_penalty({p});{t}")),
         1 => Just("temperature(0.9);repetition_penalty(1.2);".to_string()),
+        1 => Just("repetition_penalty(1.3);".to_string()),
+        1 => Just("repetition_penalty(1.3);repetition_penalty(0.8);temperature(0.8);".to_string()),
+        1 => Just("repetition_penalty(1.2);temperature(0.9);repetition_penalty(1.1);".to_string()),
     ];
     let reduce = prop_oneof![
         3 => prop_oneof![Just(1i32), Just(2), Just(40), Just(50), Just(129), Just(1000)].prop_map(|k| format!("top_k({k})")),
@@ -681,6 +684,87 @@ fn transformers_sample_matches_the_array_path() {
         sample_steps(&ctx, &history, &row, &spec, &paths)
     });
     paths.report("transformers sample", 0.4);
+}
+
+/// Transformers convention, `repetition_penalty` over a history that holds the row's top
+/// tokens (a long generation has sampled them): before the temperatures (generate()'s order)
+/// the penalised logits are an overlay on the row, which `top_k`, `min_p` and `greedy` read
+/// in place, and a penalty strong enough pushes top tokens below the k-th value (or, below 1,
+/// lifts them). The same tokens as the array path over many steps, with the fast path taken.
+#[test]
+fn transformers_penalties_on_the_top_tokens() {
+    let mut fast = 0;
+    let mut steps = 0;
+    for (case, &(kind, v)) in
+        [(RowKind::Peaked, 32_000), (RowKind::Gaussian, 5_000), (RowKind::Peaked, 129_000), (RowKind::ShiftedUp, 9_000)]
+            .iter()
+            .enumerate()
+    {
+        let row = generate::row(kind, v, 7 + case as u64);
+        let mut order: Vec<u32> = (0..v as u32).collect();
+        order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
+        for (j, spec) in [
+            "repetition_penalty(1.1);temperature(0.8);top_k(40);top_p(0.95);min_p(0.05);dist",
+            "repetition_penalty(3.0);temperature(0.8);top_k(40);dist",
+            "repetition_penalty(0.7);temperature(0.8);top_k(10);dist",
+            "repetition_penalty(1.5);top_k(5);dist",
+            "repetition_penalty(2.0);repetition_penalty(1.2);temperature(0.7);top_k(40);dist",
+            "repetition_penalty(1.3);temperature(0.8);min_p(0.05);dist",
+            "repetition_penalty(20.0);temperature(0.8);greedy",
+            "temperature(0.8);repetition_penalty(1.4);top_k(40);dist",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let ctx =
+                BuildContext::new(v, RngConfig::philox(j as u64)).with_convention(tokensieve::Convention::Transformers);
+            let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+            let mut stages = chain.stages().to_vec();
+            // The top 60 tokens, every other one, and some spread over the row.
+            let history = order.iter().take(60).step_by(2).copied().chain((0..40).map(|i| (i * 7919 % v) as u32));
+            for t in history {
+                chain.accept(t);
+                stages.iter_mut().for_each(|s| s.accept(t));
+            }
+            for step in 0..40 {
+                let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
+                let got = chain.sample(&row).unwrap();
+                assert_eq!(got, want, "{spec} on {kind:?} {v}, step {step}");
+                fast += usize::from(matches!(chain.last_path(), Path::Fast(_)));
+                steps += 1;
+                stages.iter_mut().for_each(|s| s.accept(got));
+            }
+        }
+    }
+    assert!(fast * 10 >= steps * 9, "the fast path ran in only {fast} of {steps} steps");
+}
+
+/// A `repetition_penalty` after a temperature rounds in that order: here the penalised token
+/// (`fl32(fl32(b / 0.8) * 1.4)`) ties an untouched one exactly at `top_k(1)`, so both survive
+/// and `dist` picks either, where the penalty taken first (`fl32(fl32(b * 1.4) / 0.8)`, one ulp
+/// higher) would leave only the penalised one. Each draw on a fresh chain (an accepted token is
+/// penalised from then on).
+#[test]
+fn transformers_penalty_after_temperature_keeps_its_rounding() {
+    let (untouched, penalised) = (100usize, 3000usize);
+    let mut row = vec![-20.0f32; 4096];
+    row[untouched] = -3.666_018_2;
+    row[penalised] = -2.618_584_4;
+    let spec = "temperature(0.8);repetition_penalty(1.4);top_k(1);dist";
+    let mut picked = [0usize; 2];
+    for seed in 0..64 {
+        let ctx =
+            BuildContext::new(row.len(), RngConfig::philox(seed)).with_convention(tokensieve::Convention::Transformers);
+        let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+        chain.accept(penalised as u32);
+        let mut stages = chain.stages().to_vec();
+        let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
+        let got = chain.sample(&row).unwrap();
+        assert_eq!(got, want, "seed {seed}");
+        assert!(matches!(chain.last_path(), Path::Fast(_)), "seed {seed}: {:?}", chain.last_path());
+        picked[usize::from(got as usize == penalised)] += 1;
+    }
+    assert!(picked[0] > 0 && picked[1] > 0, "the tie did not hold: {picked:?}");
 }
 
 /// Raw logprobs beside a sampled token: the row path's top-n selection over block maxima
