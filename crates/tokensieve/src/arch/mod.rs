@@ -50,6 +50,13 @@
 //! `exp_replica_is_exhaustively_exact` test, a few seconds in release builds).
 //! Its domain is `x <= 0` (and `-inf`), which is all the samplers need: `x` is a logit minus
 //! the maximum.
+//!
+//! # The f64 `exp`
+//!
+//! The transformers convention's weights are f64 `exp`s. [`exp_in_place`] computes many at
+//! once with the same kind of replica (of glibc's `exp`: a 128-entry table, a quintic, see
+//! [`mod@exp64`]), on 8 lanes with AVX-512F or 4 with AVX2, likewise only once it has agreed
+//! with the platform's `f64::exp` on a probe set; otherwise it calls `f64::exp` per element.
 
 use crate::candidates::TokenData;
 use std::sync::OnceLock;
@@ -58,6 +65,7 @@ use std::sync::OnceLock;
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
+pub mod exp64;
 
 /// Entries per block of [`summarize`]'s block maxima (8 AVX2 vectors).
 pub const BLOCK: usize = 64;
@@ -83,6 +91,8 @@ struct Caps {
     /// AVX-512F and AVX-512VL beside AVX2: [`summarize`] and [`locate_max`] watch for NaN
     /// with mask compares on 8 lanes.
     avx512vl: bool,
+    /// The f64 `exp` replica ([`mod@exp64`]) agrees with the platform's `f64::exp`.
+    exact_exp64: bool,
 }
 
 fn caps() -> Caps {
@@ -92,15 +102,19 @@ fn caps() -> Caps {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             // SAFETY: AVX2 and FMA were detected just above.
             let exact_exp = unsafe { avx2::exp_replica_agrees() };
+            let avx512 = std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("popcnt");
+            // SAFETY: AVX2 and FMA were detected above, AVX-512F where `avx512` says so.
+            let exact_exp64 = unsafe { exp64::replica_agrees(avx512) };
             return Caps {
                 isa: Isa::Avx2,
                 exact_exp,
                 f16c: std::is_x86_feature_detected!("f16c"),
-                avx512: std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("popcnt"),
+                avx512,
                 avx512vl: std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl"),
+                exact_exp64,
             };
         }
-        Caps { isa: Isa::Portable, exact_exp: false, f16c: false, avx512: false, avx512vl: false }
+        Caps { isa: Isa::Portable, exact_exp: false, f16c: false, avx512: false, avx512vl: false, exact_exp64: false }
     })
 }
 
@@ -332,6 +346,27 @@ pub fn exp_shifted_sum(src: &[f32], div: f32, sub: f32) -> f64 {
         }
     }
     portable::exp_shifted_sum(src, div, sub)
+}
+
+/// `*x = x.exp()` for every entry, bit for bit the platform's `f64::exp`: many at a time where
+/// the replica of [`mod@exp64`] agrees with it, one call each otherwise.
+///
+/// ```
+/// let mut xs = [0.0f64, -1.5, f64::NEG_INFINITY, -800.0];
+/// tokensieve::arch::exp_in_place(&mut xs);
+/// assert_eq!(xs, [1.0, (-1.5f64).exp(), 0.0, 0.0]);
+/// ```
+pub fn exp_in_place(xs: &mut [f64]) {
+    let c = caps();
+    if c.exact_exp64 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `exact_exp64` is only set after AVX2 and FMA were detected, and the kernel
+        // runs on 8 lanes only where `avx512` reports AVX-512F.
+        unsafe {
+            return exp64::exp_in_place(xs, c.avx512);
+        }
+    }
+    xs.iter_mut().for_each(|x| *x = x.exp());
 }
 
 /// `((start + w_0) + w_1) + …` in f32, in row order, bit for bit, with

@@ -97,6 +97,14 @@ pub fn weight(z: f32, max: f32) -> f64 {
     }
 }
 
+/// [`weight`] of each of `logits` against `max`, into `out` (cleared): the same bits, computed
+/// many at a time ([`arch::exp_in_place`](crate::arch::exp_in_place)).
+pub fn weights_into(logits: impl Iterator<Item = f32>, max: f32, out: &mut Vec<f64>) {
+    out.clear();
+    out.extend(logits.map(|z| if z == f32::NEG_INFINITY { f64::NEG_INFINITY } else { (z - max) as f64 }));
+    crate::arch::exp_in_place(out);
+}
+
 /// Softmax of the `logit` fields into the `p` fields (see the module docs): `max` in f32,
 /// `exp(z - max)` and the sum in f64, each `p` rounded once. A row whose maximum is `-inf`
 /// (or `+inf`) gives NaN, as torch does. Returns the maximum.
@@ -132,7 +140,7 @@ pub fn softmax_exps(data: &mut [TokenData], exps: &mut Vec<f64>) -> (f32, f64) {
         }
         return (max, f64::NAN);
     }
-    exps.extend(data.iter().map(|t| weight(t.logit, max)));
+    weights_into(data.iter().map(|t| t.logit), max, exps);
     let mut sum = 0.0f64;
     for &e in exps.iter() {
         sum += e;

@@ -49,7 +49,7 @@ use crate::candidates::{total_order_key, Candidates, TokenData};
 use crate::convention::llama_cpp::dense::{
     crossing_block, f32_at_most, gather_at_least, gather_top, total, NearSums, Path, Prepared, Scratch, DRAW_FAR_MASSES,
 };
-use crate::convention::transformers::{from_sort_key, weight};
+use crate::convention::transformers::{from_sort_key, weight, weights_into};
 use crate::error::Result;
 use crate::sampler::transformers::dist::Dist;
 use crate::sampler::{Sampler, Stage};
@@ -592,8 +592,7 @@ fn top_p_cuts(
                 s.gathered.retain(|tok| tok.logit > floor);
                 sort_ascending_by_logit_then_id(&mut s.gathered, &mut s.gathered_ranks);
                 // The weights, kept for the walk below.
-                s.top_weights.clear();
-                s.top_weights.extend(s.gathered.iter().map(|tok| weight(tok.logit, max)));
+                weights_into(s.gathered.iter().map(|tok| tok.logit), max, &mut s.top_weights);
                 let a = s.top_weights.iter().sum();
                 *top.a.insert(a)
             }

@@ -14,7 +14,7 @@
 //! straddling `top_p`'s cut, `min_p`'s `topk` restoration), the fused tail gives up before
 //! touching the view, and the stages run one by one with the same draw.
 
-use super::{weight, Cumsum};
+use super::{weights_into, Cumsum};
 use crate::candidates::{total_order_key, Candidates, TokenData};
 use crate::convention::llama_cpp::dense::{Prepared, Scratch};
 use crate::error::Result;
@@ -65,8 +65,7 @@ fn fused(tail: &[Stage], c: &mut Candidates, u: f64, s: &mut Scratch) -> Option<
         return None;
     }
     let w = &mut s.top_weights;
-    w.clear();
-    w.extend(data.iter().map(|t| weight(t.logit, max)));
+    weights_into(data.iter().map(|t| t.logit), max, w);
     let alive = &mut s.alive;
     alive.clear();
     alive.resize(data.len(), true);

@@ -24,7 +24,7 @@
 
 use crate::candidates::{Candidates, TokenData};
 use crate::convention::transformers::{
-    ensure_dense, fill_pairs, fl32, from_sort_key, remove, softmax, sort_ascending, sorted_finite_logits, weight,
+    ensure_dense, fill_pairs, fl32, from_sort_key, remove, softmax, sort_ascending, sorted_finite_logits, weights_into,
     Cumsum,
 };
 use crate::error::{Error, Result};
@@ -166,8 +166,7 @@ impl TopP {
         }
         // Finite sorted positions that may go; < m because min_tokens_to_keep >= 1.
         let limit = removable - below;
-        weights.clear();
-        weights.extend(sorted.iter().map(|&k| weight(from_sort_key(k), max)));
+        weights_into(sorted.iter().map(|&k| from_sort_key(k)), max, weights);
         let mut sum = 0.0f64;
         for &w in weights.iter() {
             sum += w;
