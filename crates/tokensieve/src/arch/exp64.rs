@@ -314,6 +314,39 @@ pub(super) unsafe fn exp_in_place(xs: &mut [f64], avx512: bool) {
     }
 }
 
+/// See [`super::exp64_block_sums`]; only call it after [`replica_agrees`] returned true.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA, and AVX-512F when `avx512` is set.
+#[cfg(target_arch = "x86_64")]
+pub(super) unsafe fn block_sums(src: &[f32], div: f32, sub: f32, out: &mut Vec<f64>, avx512: bool) {
+    if avx512 {
+        x86::block_sums_avx512(src, div, sub, out)
+    } else {
+        x86::block_sums_avx2(src, div, sub, out)
+    }
+}
+
+/// [`super::exp64_block_sums`] with the platform's `exp` one call at a time, summed in the
+/// kernels' order: eight running sums (entry `i` of a block into sum `i % 8`), then
+/// [`reduce8`].
+pub(super) fn block_sums_portable(src: &[f32], div: f32, sub: f32, out: &mut Vec<f64>) {
+    out.clear();
+    for block in src.chunks(super::BLOCK) {
+        let mut lanes = [0.0f64; 8];
+        for (i, &z) in block.iter().enumerate() {
+            lanes[i % 8] += (f64::from(z / div - sub)).exp();
+        }
+        out.push(reduce8(&lanes));
+    }
+}
+
+/// The eight running sums of a block, added as a tree.
+#[inline]
+pub(super) fn reduce8(l: &[f64; 8]) -> f64 {
+    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+}
+
 /// Whether the kernels give the platform's `exp` bits on inputs across the whole range (the
 /// main branch's edges, `1 + x` below it, the lanes left to the platform above it, zeros,
 /// infinities): false on a libm other than glibc's FMA build.
@@ -358,7 +391,8 @@ pub(super) unsafe fn replica_agrees(avx512: bool) -> bool {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{C, INV_LN2_N, NEG_LN2_HI_N, NEG_LN2_LO_N, SHIFT, TAB, TOP_HUGE, TOP_TINY};
+    use super::{reduce8, C, INV_LN2_N, NEG_LN2_HI_N, NEG_LN2_LO_N, SHIFT, TAB, TOP_HUGE, TOP_TINY};
+    use crate::arch::BLOCK;
     use std::arch::x86_64::*;
 
     /// `[TAB[2 i], TAB[2 i + 1]]` (a lane's error term and scale bits) in one 16-byte load.
@@ -374,10 +408,94 @@ mod x86 {
         _mm_loadu_si128(TAB.as_ptr().add(2 * i as usize).cast())
     }
 
+    /// `exp` on 8 lanes: the results, and the mask of the lanes left to the platform's `exp`
+    /// (`|x| >= 512`, NaN, `+inf`; `-inf` gives `+0` here).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[inline]
+    unsafe fn exp8(x: __m512d) -> (__m512d, u32) {
+        let top = _mm512_and_si512(_mm512_srli_epi64::<52>(_mm512_castpd_si512(x)), _mm512_set1_epi64(0x7ff));
+        let tiny = _mm512_set1_epi64(TOP_TINY as i64);
+        // glibc's branch test: `top - TOP_TINY` below the span, as unsigned.
+        let main =
+            _mm512_cmplt_epu64_mask(_mm512_sub_epi64(top, tiny), _mm512_set1_epi64((TOP_HUGE - TOP_TINY) as i64));
+        let below = _mm512_cmplt_epu64_mask(top, tiny);
+        let zero = _mm512_cmp_pd_mask::<_CMP_EQ_OQ>(x, _mm512_set1_pd(f64::NEG_INFINITY));
+        let shift = _mm512_set1_pd(SHIFT);
+        let z = _mm512_fmadd_pd(x, _mm512_set1_pd(INV_LN2_N), shift);
+        let ki = _mm512_castpd_si512(z);
+        let kd = _mm512_sub_pd(z, shift);
+        let r = _mm512_fmadd_pd(kd, _mm512_set1_pd(NEG_LN2_LO_N), _mm512_fmadd_pd(kd, _mm512_set1_pd(NEG_LN2_HI_N), x));
+        let mut i = [0u64; 8];
+        // SAFETY: a store of 8 u64s into an array of 8.
+        _mm512_storeu_si512(i.as_mut_ptr().cast(), _mm512_and_si512(ki, _mm512_set1_epi64(127)));
+        let four = |k: usize| {
+            // SAFETY: the indices were masked to 0..128.
+            let v = _mm512_castsi128_si512(pair(i[k]));
+            let v = _mm512_inserti32x4::<1>(v, pair(i[k + 1]));
+            let v = _mm512_inserti32x4::<2>(v, pair(i[k + 2]));
+            _mm512_inserti32x4::<3>(v, pair(i[k + 3]))
+        };
+        let (p0, p1) = (four(0), four(4));
+        let tail = _mm512_permutex2var_epi64(p0, _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), p1);
+        let sbits = _mm512_permutex2var_epi64(p0, _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15), p1);
+        let sbits = _mm512_add_epi64(sbits, _mm512_slli_epi64::<45>(ki));
+        let c = |k: usize| _mm512_set1_pd(C[k]);
+        let a = _mm512_fmadd_pd(r, c(1), c(0));
+        let b = _mm512_add_pd(r, _mm512_castsi512_pd(tail));
+        let r2 = _mm512_mul_pd(r, r);
+        let cc = _mm512_fmadd_pd(r, c(3), c(2));
+        let d = _mm512_fmadd_pd(a, r2, b);
+        let tmp = _mm512_fmadd_pd(_mm512_mul_pd(r2, r2), cc, d);
+        let scale = _mm512_castsi512_pd(sbits);
+        let y = _mm512_fmadd_pd(scale, tmp, scale);
+        let y = _mm512_mask_mov_pd(y, below, _mm512_add_pd(_mm512_set1_pd(1.0), x));
+        let y = _mm512_mask_mov_pd(y, zero, _mm512_setzero_pd());
+        (y, u32::from(!(main | below | zero)))
+    }
+
+    /// `exp` on 4 lanes, as [`exp8`].
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn exp4(x: __m256d) -> (__m256d, u32) {
+        let top = _mm256_and_si256(_mm256_srli_epi64::<52>(_mm256_castpd_si256(x)), _mm256_set1_epi64x(0x7ff));
+        // `top` is at most 0x7ff, so signed 64-bit compares serve.
+        let below = _mm256_cmpgt_epi64(_mm256_set1_epi64x(TOP_TINY as i64), top);
+        // `top >= TOP_HUGE`: glibc's other branches (NaN and `+inf` have the largest).
+        let above = _mm256_cmpgt_epi64(top, _mm256_set1_epi64x(TOP_HUGE as i64 - 1));
+        let zero = _mm256_castpd_si256(_mm256_cmp_pd::<_CMP_EQ_OQ>(x, _mm256_set1_pd(f64::NEG_INFINITY)));
+        let shift = _mm256_set1_pd(SHIFT);
+        let z = _mm256_fmadd_pd(x, _mm256_set1_pd(INV_LN2_N), shift);
+        let ki = _mm256_castpd_si256(z);
+        let kd = _mm256_sub_pd(z, shift);
+        let r = _mm256_fmadd_pd(kd, _mm256_set1_pd(NEG_LN2_LO_N), _mm256_fmadd_pd(kd, _mm256_set1_pd(NEG_LN2_HI_N), x));
+        let mut i = [0u64; 4];
+        // SAFETY: a store of 4 u64s into an array of 4.
+        _mm256_storeu_si256(i.as_mut_ptr().cast(), _mm256_and_si256(ki, _mm256_set1_epi64x(127)));
+        // Lanes 0 and 2 in one vector, 1 and 3 in the other: the unpacks interleave them back
+        // in order. SAFETY: the indices were masked to 0..128.
+        let p02 = _mm256_set_m128i(pair(i[2]), pair(i[0]));
+        let p13 = _mm256_set_m128i(pair(i[3]), pair(i[1]));
+        let tail = _mm256_unpacklo_epi64(p02, p13);
+        let sbits = _mm256_add_epi64(_mm256_unpackhi_epi64(p02, p13), _mm256_slli_epi64::<45>(ki));
+        let c = |k: usize| _mm256_set1_pd(C[k]);
+        let a = _mm256_fmadd_pd(r, c(1), c(0));
+        let b = _mm256_add_pd(r, _mm256_castsi256_pd(tail));
+        let r2 = _mm256_mul_pd(r, r);
+        let cc = _mm256_fmadd_pd(r, c(3), c(2));
+        let d = _mm256_fmadd_pd(a, r2, b);
+        let tmp = _mm256_fmadd_pd(_mm256_mul_pd(r2, r2), cc, d);
+        let scale = _mm256_castsi256_pd(sbits);
+        let y = _mm256_fmadd_pd(scale, tmp, scale);
+        let y = _mm256_blendv_pd(y, _mm256_add_pd(_mm256_set1_pd(1.0), x), _mm256_castsi256_pd(below));
+        let y = _mm256_andnot_pd(_mm256_castsi256_pd(zero), y);
+        let others = _mm256_andnot_si256(zero, above);
+        (y, _mm256_movemask_pd(_mm256_castsi256_pd(others)) as u32)
+    }
+
     /// Runs `kernel` over `xs` in vectors of `L` lanes (the last one padded with zeros): it
     /// overwrites a vector with its results and returns the mask of the lanes it leaves to the
-    /// platform's `exp` (`|x| >= 512`, NaN, `+inf`: rare in a row of logits), which are then
-    /// recomputed from the original values.
+    /// platform's `exp` (rare in a row of logits), which are then recomputed from the original
+    /// values.
     #[inline(always)]
     fn each_vector<const L: usize>(xs: &mut [f64], mut kernel: impl FnMut(&mut [f64; L]) -> u32) {
         let fix = |x: &mut [f64; L], original: &[f64; L], others: u32| {
@@ -413,53 +531,12 @@ mod x86 {
     /// The CPU must support AVX-512F, AVX2 and FMA.
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn exp_in_place_avx512(xs: &mut [f64]) {
-        let inv_ln2_n = _mm512_set1_pd(INV_LN2_N);
-        let shift = _mm512_set1_pd(SHIFT);
-        let (hi, lo) = (_mm512_set1_pd(NEG_LN2_HI_N), _mm512_set1_pd(NEG_LN2_LO_N));
-        let c = C.map(|c| _mm512_set1_pd(c));
-        let one = _mm512_set1_pd(1.0);
-        let tiny = _mm512_set1_epi64(TOP_TINY as i64);
-        let span = _mm512_set1_epi64((TOP_HUGE - TOP_TINY) as i64);
-        let low7 = _mm512_set1_epi64(127);
-        let neg_inf = _mm512_set1_pd(f64::NEG_INFINITY);
-        let (even, odd) = (_mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15));
         each_vector::<8>(xs, |xs| {
-            // SAFETY: loads and stores of 8 f64s from and to an array of 8; the table indices
-            // are masked to 0..128.
+            // SAFETY: a load and a store of 8 f64s from and to an array of 8.
             unsafe {
-                let x = _mm512_loadu_pd(xs.as_ptr());
-                let top = _mm512_and_si512(_mm512_srli_epi64::<52>(_mm512_castpd_si512(x)), _mm512_set1_epi64(0x7ff));
-                // glibc's branch test: `top - TOP_TINY` below the span, as unsigned.
-                let main = _mm512_cmplt_epu64_mask(_mm512_sub_epi64(top, tiny), span);
-                let below = _mm512_cmplt_epu64_mask(top, tiny);
-                let zero = _mm512_cmp_pd_mask::<_CMP_EQ_OQ>(x, neg_inf);
-                let z = _mm512_fmadd_pd(x, inv_ln2_n, shift);
-                let ki = _mm512_castpd_si512(z);
-                let kd = _mm512_sub_pd(z, shift);
-                let r = _mm512_fmadd_pd(kd, lo, _mm512_fmadd_pd(kd, hi, x));
-                let mut i = [0u64; 8];
-                _mm512_storeu_si512(i.as_mut_ptr().cast(), _mm512_and_si512(ki, low7));
-                let four = |k: usize| {
-                    let v = _mm512_castsi128_si512(pair(i[k]));
-                    let v = _mm512_inserti32x4::<1>(v, pair(i[k + 1]));
-                    let v = _mm512_inserti32x4::<2>(v, pair(i[k + 2]));
-                    _mm512_inserti32x4::<3>(v, pair(i[k + 3]))
-                };
-                let (p0, p1) = (four(0), four(4));
-                let tail = _mm512_castsi512_pd(_mm512_permutex2var_epi64(p0, even, p1));
-                let sbits = _mm512_add_epi64(_mm512_permutex2var_epi64(p0, odd, p1), _mm512_slli_epi64::<45>(ki));
-                let a = _mm512_fmadd_pd(r, c[1], c[0]);
-                let b = _mm512_add_pd(r, tail);
-                let r2 = _mm512_mul_pd(r, r);
-                let cc = _mm512_fmadd_pd(r, c[3], c[2]);
-                let d = _mm512_fmadd_pd(a, r2, b);
-                let tmp = _mm512_fmadd_pd(_mm512_mul_pd(r2, r2), cc, d);
-                let scale = _mm512_castsi512_pd(sbits);
-                let y = _mm512_fmadd_pd(scale, tmp, scale);
-                let y = _mm512_mask_mov_pd(y, below, _mm512_add_pd(one, x));
-                let y = _mm512_mask_mov_pd(y, zero, _mm512_setzero_pd());
+                let (y, others) = exp8(_mm512_loadu_pd(xs.as_ptr()));
                 _mm512_storeu_pd(xs.as_mut_ptr(), y);
-                u32::from(!(main | below | zero))
+                others
             }
         });
     }
@@ -470,53 +547,112 @@ mod x86 {
     /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn exp_in_place_avx2(xs: &mut [f64]) {
-        let inv_ln2_n = _mm256_set1_pd(INV_LN2_N);
-        let shift = _mm256_set1_pd(SHIFT);
-        let (hi, lo) = (_mm256_set1_pd(NEG_LN2_HI_N), _mm256_set1_pd(NEG_LN2_LO_N));
-        let c = C.map(|c| _mm256_set1_pd(c));
-        let one = _mm256_set1_pd(1.0);
-        // `top` is at most 0x7ff, so signed 64-bit compares serve.
-        let tiny = _mm256_set1_epi64x(TOP_TINY as i64);
-        let huge = _mm256_set1_epi64x(TOP_HUGE as i64 - 1);
-        let low7 = _mm256_set1_epi64x(127);
-        let neg_inf = _mm256_set1_pd(f64::NEG_INFINITY);
         each_vector::<4>(xs, |xs| {
-            // SAFETY: loads and stores of 4 f64s from and to an array of 4; the table indices
-            // are masked to 0..128.
+            // SAFETY: a load and a store of 4 f64s from and to an array of 4.
             unsafe {
-                let x = _mm256_loadu_pd(xs.as_ptr());
-                let top = _mm256_and_si256(_mm256_srli_epi64::<52>(_mm256_castpd_si256(x)), _mm256_set1_epi64x(0x7ff));
-                let below = _mm256_cmpgt_epi64(tiny, top);
-                // `top >= TOP_HUGE`: glibc's other branches (NaN and `+inf` have the largest).
-                let above = _mm256_cmpgt_epi64(top, huge);
-                let zero = _mm256_castpd_si256(_mm256_cmp_pd::<_CMP_EQ_OQ>(x, neg_inf));
-                let z = _mm256_fmadd_pd(x, inv_ln2_n, shift);
-                let ki = _mm256_castpd_si256(z);
-                let kd = _mm256_sub_pd(z, shift);
-                let r = _mm256_fmadd_pd(kd, lo, _mm256_fmadd_pd(kd, hi, x));
-                let mut i = [0u64; 4];
-                _mm256_storeu_si256(i.as_mut_ptr().cast(), _mm256_and_si256(ki, low7));
-                // Lanes 0 and 2 in one vector, 1 and 3 in the other: the unpacks interleave
-                // them back in order.
-                let p02 = _mm256_set_m128i(pair(i[2]), pair(i[0]));
-                let p13 = _mm256_set_m128i(pair(i[3]), pair(i[1]));
-                let tail = _mm256_castsi256_pd(_mm256_unpacklo_epi64(p02, p13));
-                let sbits = _mm256_add_epi64(_mm256_unpackhi_epi64(p02, p13), _mm256_slli_epi64::<45>(ki));
-                let a = _mm256_fmadd_pd(r, c[1], c[0]);
-                let b = _mm256_add_pd(r, tail);
-                let r2 = _mm256_mul_pd(r, r);
-                let cc = _mm256_fmadd_pd(r, c[3], c[2]);
-                let d = _mm256_fmadd_pd(a, r2, b);
-                let tmp = _mm256_fmadd_pd(_mm256_mul_pd(r2, r2), cc, d);
-                let scale = _mm256_castsi256_pd(sbits);
-                let y = _mm256_fmadd_pd(scale, tmp, scale);
-                let y = _mm256_blendv_pd(y, _mm256_add_pd(one, x), _mm256_castsi256_pd(below));
-                let y = _mm256_andnot_pd(_mm256_castsi256_pd(zero), y);
+                let (y, others) = exp4(_mm256_loadu_pd(xs.as_ptr()));
                 _mm256_storeu_pd(xs.as_mut_ptr(), y);
-                let others = _mm256_andnot_si256(zero, above);
-                _mm256_movemask_pd(_mm256_castsi256_pd(others)) as u32
+                others
             }
         });
+    }
+
+    /// The weights of 8 entries, `exp(f64(fl32(fl32(z / div) - sub)))`, with the lanes the
+    /// kernel leaves to the platform's `exp` filled in.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[inline]
+    unsafe fn weights8(z: &[f32; 8], div: __m256, sub: __m256) -> __m512d {
+        // SAFETY: a load of 8 f32s from an array of 8.
+        let y = _mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(z.as_ptr()), div), sub);
+        let x = _mm512_cvtps_pd(y);
+        let (w, others) = exp8(x);
+        if others == 0 {
+            return w;
+        }
+        let mut out = [0.0f64; 8];
+        let mut arg = [0.0f64; 8];
+        // SAFETY: stores of 8 f64s into arrays of 8.
+        _mm512_storeu_pd(out.as_mut_ptr(), w);
+        _mm512_storeu_pd(arg.as_mut_ptr(), x);
+        for j in (0..8).filter(|j| others >> j & 1 != 0) {
+            out[j] = arg[j].exp();
+        }
+        _mm512_loadu_pd(out.as_ptr())
+    }
+
+    /// The 8 running sums of `block` (entry `i` into sum `i % 8`), a partial last vector padded
+    /// with `-inf` (weight `+0`, which leaves a sum unchanged).
+    #[inline(always)]
+    fn block_lanes(block: &[f32], mut add8: impl FnMut(&[f32; 8])) {
+        let mut vectors = block.chunks_exact(8);
+        for v in &mut vectors {
+            add8(v.try_into().expect("chunks_exact gives whole vectors"));
+        }
+        let rest = vectors.remainder();
+        if !rest.is_empty() {
+            let mut pad = [f32::NEG_INFINITY; 8];
+            pad[..rest.len()].copy_from_slice(rest);
+            add8(&pad);
+        }
+    }
+
+    /// See [`super::exp64_block_sums`]: 8 lanes.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX2 and FMA.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn block_sums_avx512(src: &[f32], div: f32, sub: f32, out: &mut Vec<f64>) {
+        let (div, sub) = (_mm256_set1_ps(div), _mm256_set1_ps(sub));
+        out.clear();
+        for block in src.chunks(BLOCK) {
+            let mut acc = _mm512_setzero_pd();
+            // SAFETY: `weights8` needs the features this function has.
+            block_lanes(block, |z| acc = _mm512_add_pd(acc, unsafe { weights8(z, div, sub) }));
+            let mut lanes = [0.0f64; 8];
+            // SAFETY: a store of 8 f64s into an array of 8.
+            _mm512_storeu_pd(lanes.as_mut_ptr(), acc);
+            out.push(reduce8(&lanes));
+        }
+    }
+
+    /// See [`super::exp64_block_sums`]: two vectors of 4 lanes (the same 8 running sums).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn block_sums_avx2(src: &[f32], div: f32, sub: f32, out: &mut Vec<f64>) {
+        let (div, sub) = (_mm256_set1_ps(div), _mm256_set1_ps(sub));
+        let half = |x: __m128| {
+            // SAFETY: the features this function has.
+            unsafe {
+                let (w, others) = exp4(_mm256_cvtps_pd(x));
+                if others == 0 {
+                    return w;
+                }
+                let (mut out, mut arg) = ([0.0f64; 4], [0.0f64; 4]);
+                _mm256_storeu_pd(out.as_mut_ptr(), w);
+                _mm256_storeu_pd(arg.as_mut_ptr(), _mm256_cvtps_pd(x));
+                for j in (0..4).filter(|j| others >> j & 1 != 0) {
+                    out[j] = arg[j].exp();
+                }
+                _mm256_loadu_pd(out.as_ptr())
+            }
+        };
+        out.clear();
+        for block in src.chunks(BLOCK) {
+            let (mut lo, mut hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+            block_lanes(block, |z| {
+                // SAFETY: a load of 8 f32s from an array of 8.
+                let y = unsafe { _mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(z.as_ptr()), div), sub) };
+                lo = _mm256_add_pd(lo, half(_mm256_castps256_ps128(y)));
+                hi = _mm256_add_pd(hi, half(_mm256_extractf128_ps::<1>(y)));
+            });
+            let mut lanes = [0.0f64; 8];
+            // SAFETY: stores of 4 f64s into the halves of an array of 8.
+            _mm256_storeu_pd(lanes.as_mut_ptr(), lo);
+            _mm256_storeu_pd(lanes.as_mut_ptr().add(4), hi);
+            out.push(reduce8(&lanes));
+        }
     }
 }
 
@@ -524,6 +660,39 @@ mod x86 {
 mod tests {
     use super::*;
     use tokensieve_testkit::generate::SplitMix64;
+
+    /// The fused block sums of both kernels against the platform's `exp` summed in the same
+    /// order ([`block_sums_portable`]), bit for bit: rows with `-inf`, partial blocks and
+    /// vectors, and spreads wide enough for lanes left to the platform (`|x| >= 512`).
+    #[test]
+    fn the_block_sums_are_the_portable_ones() {
+        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+            return;
+        }
+        let avx512 = std::is_x86_feature_detected!("avx512f");
+        let mut rng = SplitMix64::new(17);
+        for case in 0..200 {
+            let n = 1 + rng.below(700);
+            let spread = [3.0, 30.0, 400.0, 2000.0][case % 4];
+            let row: Vec<f32> = (0..n)
+                .map(|_| if rng.below(9) == 0 { f32::NEG_INFINITY } else { ((rng.next_f64() - 0.5) * spread) as f32 })
+                .collect();
+            let (div, sub) = ([1.0f32, 0.8, 1.7][case % 3], [0.0f32, 2.5, 300.0][case % 3]);
+            let mut want = Vec::new();
+            block_sums_portable(&row, div, sub, &mut want);
+            for wide in [false, true].into_iter().filter(|&w| !w || avx512) {
+                // SAFETY: the features were detected above.
+                if !unsafe { replica_agrees(wide) } {
+                    return;
+                }
+                let mut got = Vec::new();
+                // SAFETY: as above.
+                unsafe { block_sums(&row, div, sub, &mut got, wide) };
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "case {case}, n {n}, 8 lanes: {wide}");
+            }
+        }
+    }
 
     /// Both kernels against the platform's `exp`, bit for bit, on random f64s across the range
     /// (and on f32 differences `z - max`, the transformers weights' arguments), wherever the

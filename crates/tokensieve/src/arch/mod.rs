@@ -369,6 +369,32 @@ pub fn exp_in_place(xs: &mut [f64]) {
     xs.iter_mut().for_each(|x| *x = x.exp());
 }
 
+/// Per [`BLOCK`] of `src`, the sum of the weights `exp(f64(fl32(fl32(src[i] / div) - sub)))`
+/// (the transformers convention's, each bit for bit the platform's `f64::exp`; `-inf` entries
+/// weigh `+0`), into `out` (cleared). The order of the additions is fixed: eight running sums,
+/// entry `i` of a block into sum `i % 8`, added as a tree at the block's end (the same on every
+/// CPU). `sub` must be finite.
+///
+/// ```
+/// let row = [0.0f32, -1.0, f32::NEG_INFINITY, -2.5];
+/// let mut sums = Vec::new();
+/// tokensieve::arch::exp64_block_sums(&row, 1.0, 0.0, &mut sums);
+/// let want = (1.0 + (-1.0f64).exp()) + (0.0 + (-2.5f64).exp());
+/// assert_eq!(sums, [want]);
+/// ```
+pub fn exp64_block_sums(src: &[f32], div: f32, sub: f32, out: &mut Vec<f64>) {
+    assert!(sub.is_finite(), "exp64_block_sums: sub must be finite");
+    let c = caps();
+    if c.exact_exp64 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `exp_in_place`.
+        unsafe {
+            return exp64::block_sums(src, div, sub, out, c.avx512);
+        }
+    }
+    exp64::block_sums_portable(src, div, sub, out);
+}
+
 /// `((start + w_0) + w_1) + …` in f32, in row order, bit for bit, with
 /// `w_i = expf(row[i] - sub)` (llama.cpp's softmax sum for `start = 0`; a later `start`
 /// continues a sum over an earlier part of the row). `start` must be `+0.0` or positive (from

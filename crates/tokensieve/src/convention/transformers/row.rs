@@ -783,8 +783,13 @@ fn sort_ascending_by_logit_then_id(data: &mut [TokenData], keys: &mut Vec<u64>) 
 /// ([`approx_weight_sums`]). The crossing block is resolved with the exact weights, and the
 /// token is returned only when the target is farther than twice the bound from both ends of
 /// its interval; with it, the sum of the weights as those sums estimate it.
+///
+/// Where those bounds stay too wide (a flat row: each weight is a few hundred thousandths of a
+/// sum of 128k of them), a last try sums the exact weights themselves
+/// ([`arch::exp64_block_sums`]), whose only difference from the array path's sum is the order
+/// of the f64 additions.
 fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<(u32, f64)> {
-    tightening_sums(r, t, max, &DRAW_FAR_MASSES, s, |sum, err, s| {
+    let draw = |sum: f64, err: f64, s: &mut Scratch| {
         let target = sum * u;
         let (b, before) = crossing_block(&s.block_sums, target)?;
         let start = b * BLOCK;
@@ -801,6 +806,14 @@ fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<(
             }
         }
         None
+    };
+    tightening_sums(r, t, max, &DRAW_FAR_MASSES, s, draw).or_else(|| {
+        arch::exp64_block_sums(r, t, max, &mut s.block_sums);
+        let sum = total(&s.block_sums);
+        // Any two orders of adding the same n f64s are within 2 (n - 1) 2^-53 of their sum of
+        // each other; with a margin, as in `tightening_sums`.
+        let n = r.len() as f64;
+        draw(sum, sum * (n + 8.0) * f64::EPSILON * 2.0 + n * 1.2e-38, s)
     })
 }
 
