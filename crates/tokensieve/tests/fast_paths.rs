@@ -309,11 +309,39 @@ fn dist_on_flat_and_long_tailed_rows() {
 /// (flat rows, long tails), against the array path.
 #[test]
 fn transformers_dist_on_flat_and_long_tailed_rows() {
-    let (mut fast, mut flat_fast) = (0, 0);
+    let (mut fast, mut flat_fast, mut after_min_p) = (0, 0, 0);
     for (v, seed) in [(20_000usize, 1u64), (128_256, 3)] {
-        for kind in [RowKind::Flat, RowKind::Peaked, RowKind::Huge, RowKind::ShiftedDown] {
-            let row = generate::row(kind, v, seed);
-            for spec in ["dist", "temperature(0.8);dist", "temperature(3);dist"] {
+        let nearly_flat: Vec<f32> = generate::row(RowKind::Gaussian, v, seed).iter().map(|x| x * 0.02).collect();
+        // Every block reaches `min_p(0.9)`'s threshold, but every third entry does not.
+        let lower_third: Vec<f32> =
+            nearly_flat.iter().enumerate().map(|(i, &x)| if i % 3 == 0 { -0.2 } else { x * 0.05 }).collect();
+        // One entry on `min_p(0.9)`'s threshold (`ln 0.9` below the maximum 0): only the sum
+        // decides it.
+        let mut on_threshold: Vec<f32> = nearly_flat.iter().map(|x| x * 0.05).collect();
+        let top = on_threshold.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        on_threshold.iter_mut().for_each(|x| *x -= top);
+        on_threshold[v / 2] = 0.9f32.ln();
+        let extra = [("nearly flat", nearly_flat), ("lower third", lower_third), ("on threshold", on_threshold)];
+        let rows = [RowKind::Flat, RowKind::Peaked, RowKind::Huge, RowKind::ShiftedDown].map(|k| {
+            (
+                if k == RowKind::Flat {
+                    "Flat"
+                } else if k == RowKind::Peaked {
+                    "Peaked"
+                } else {
+                    "other"
+                },
+                generate::row(k, v, seed),
+            )
+        });
+        for (kind, row) in rows.into_iter().chain(extra) {
+            for spec in [
+                "dist",
+                "temperature(0.8);dist",
+                "temperature(3);dist",
+                "temperature(0.8);min_p(0.05);dist",
+                "min_p(0.9,2);dist",
+            ] {
                 let ctx =
                     BuildContext::new(v, RngConfig::philox(seed)).with_convention(tokensieve::Convention::Transformers);
                 let mut chain = Chain::from_spec(spec, &ctx).unwrap();
@@ -322,12 +350,17 @@ fn transformers_dist_on_flat_and_long_tailed_rows() {
                     let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
                     let got = chain.sample(&row).unwrap();
                     let took_fast = matches!(chain.last_path(), Path::Fast(_)) as usize;
+                    let from_the_row = matches!(chain.last_path(), Path::Fast("dist") | Path::Fallback("dist"));
                     match kind {
-                        RowKind::Peaked => fast += took_fast,
-                        RowKind::Flat => flat_fast += took_fast,
+                        _ if spec.contains("min_p") => after_min_p += from_the_row as usize,
+                        "Peaked" => fast += took_fast,
+                        "Flat" => flat_fast += took_fast,
                         _ => {}
                     }
-                    assert_eq!(got, want, "{spec} {kind:?} V={v} step {step}");
+                    assert_eq!(got, want, "{spec} {kind} V={v} step {step}");
+                    if kind == "on threshold" && spec.starts_with("min_p(0.9") {
+                        assert!(!from_the_row, "a token on min_p's threshold was kept without the sum");
+                    }
                     stages.iter_mut().for_each(|s| s.accept(got));
                 }
             }
@@ -338,6 +371,9 @@ fn transformers_dist_on_flat_and_long_tailed_rows() {
     // Logits of magnitude 1e4 may fall back.
     assert!(fast >= 64, "the fast path ran in only {fast} of 72 steps on peaked rows");
     assert!(flat_fast >= 68, "the fast path ran in only {flat_fast} of 72 steps on flat rows");
+    // `min_p` keeps every token of the flat and nearly flat rows (and of some Gaussian ones at
+    // 0.05), so `dist` draws from the row there.
+    assert!(after_min_p >= 60, "min_p kept every token in only {after_min_p} steps");
 }
 
 /// transformers' `top_p` on the row (`convention::transformers::row`), which needs rows whose

@@ -1474,7 +1474,7 @@ pub(crate) fn f32_at_most(x: f64) -> f32 {
 }
 
 /// The smallest f32 at least `x` (`x` not NaN).
-fn f32_at_least(x: f64) -> f32 {
+pub(crate) fn f32_at_least(x: f64) -> f32 {
     let f = x as f32;
     if (f as f64) < x {
         f.next_up()
