@@ -1,6 +1,6 @@
 //! `exp` on f64, many at a time, with the platform's bits: a replica of glibc's `exp` (since
 //! 2.28; its FMA build, which glibc selects on every CPU with FMA) on 8 lanes (AVX-512) or 4
-//! (AVX2), used only after [`replica_agrees`] has compared it with the platform's `exp`.
+//! (AVX2), used only after `replica_agrees` has compared it with the platform's `exp`.
 //!
 //! The transformers convention's weights are `exp(f64(z - max))` (see
 //! [`crate::convention::transformers::weight`]): libm's `exp` one call at a time cost about
