@@ -122,8 +122,9 @@ pub(crate) struct Scratch {
     /// f64 weights of `gathered` (transformers row `top_p`), or of a sparse view
     /// (`transformers::tail`).
     pub(crate) top_weights: Vec<f64>,
-    /// Which tokens of a sparse view are still live (`transformers::tail`).
-    pub(crate) alive: Vec<bool>,
+    /// The positions of the tokens of a sparse view still in play, ascending
+    /// (`transformers::tail`).
+    pub(crate) live: Vec<u32>,
     /// Tokens a transformers `repetition_penalty` edits, with their processed logits.
     pub(crate) edited: Vec<TokenData>,
     /// Order keys of processed logits (transformers row path: the k-th largest).

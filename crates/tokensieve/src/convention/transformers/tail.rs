@@ -57,7 +57,10 @@ pub(crate) fn sample(
 }
 
 /// The fused tail over the view in `c` (finite logits, id order): `None`, `c` untouched, where
-/// a stage needs more than the view's values.
+/// a stage needs more than the view's values. The tokens still in play are listed by their
+/// positions in the view (ascending, so every sum below runs in id order over them): a removed
+/// token adds nothing to a sum, and the later stages' sums and scans then run over the few
+/// that `top_p` left instead of the whole view.
 fn fused(tail: &[Stage], c: &mut Candidates, u: f64, s: &mut Scratch) -> Option<u32> {
     let data = &c.data;
     let max = data.iter().fold(f32::NEG_INFINITY, |m, t| m.max(t.logit));
@@ -66,31 +69,32 @@ fn fused(tail: &[Stage], c: &mut Candidates, u: f64, s: &mut Scratch) -> Option<
     }
     let w = &mut s.top_weights;
     weights_into(data.iter().map(|t| t.logit), max, w);
-    let alive = &mut s.alive;
-    alive.clear();
-    alive.resize(data.len(), true);
+    let live = &mut s.live;
+    live.clear();
+    live.extend(0..data.len() as u32);
     for stage in tail {
         match stage {
             _ if stage.is_inert() => {}
             Stage::HfTopP(tp) => {
                 let (threshold, keep) = tp.params();
-                top_p(threshold, keep, c.vocab_size, data, w, alive, &mut s.gathered_ranks)?;
+                top_p(threshold, keep, c.vocab_size, data, w, live, &mut s.gathered_ranks)?;
             }
             Stage::HfMinP(mp) => {
                 let (min_p, keep) = mp.params();
-                self::min_p(min_p, keep, c.vocab_size, w, alive)?;
+                self::min_p(min_p, keep, c.vocab_size, w, live)?;
             }
             _ => return None,
         }
     }
     // `dist`: the sum in id order, then the first running sum above `u` times it.
-    let sum: f64 = w.iter().zip(alive.iter()).fold(0.0, |acc, (&x, &a)| if a { acc + x } else { acc });
+    let sum = live.iter().fold(0.0f64, |acc, &i| acc + w[i as usize]);
     let target = u * sum;
     let (mut running, mut chosen) = (0.0f64, None);
-    for (i, (&x, &a)) in w.iter().zip(alive.iter()).enumerate() {
-        if a && x > 0.0 {
+    for &i in live.iter() {
+        let x = w[i as usize];
+        if x > 0.0 {
             running += x;
-            chosen = Some(i);
+            chosen = Some(i as usize);
             if running > target {
                 break;
             }
@@ -116,12 +120,11 @@ fn top_p(
     n: usize,
     data: &[TokenData],
     w: &[f64],
-    alive: &mut [bool],
+    live: &mut Vec<u32>,
     keys: &mut Vec<u64>,
 ) -> Option<()> {
     keys.clear();
-    let live = data.iter().enumerate().filter(|&(i, _)| alive[i]);
-    keys.extend(live.map(|(i, t)| (u64::from(total_order_key(t.logit)) << 32) | i as u64));
+    keys.extend(live.iter().map(|&i| (u64::from(total_order_key(data[i as usize].logit)) << 32) | u64::from(i)));
     keys.sort_unstable();
     let m = keys.len();
     let below = n - m;
@@ -147,9 +150,7 @@ fn top_p(
     if last == data[at(r)].logit {
         return None; // torch's sort order picks which of the equal values go
     }
-    for (a, t) in alive.iter_mut().zip(data) {
-        *a &= t.logit > last;
-    }
+    live.retain(|&i| data[i as usize].logit > last);
     Some(())
 }
 
@@ -157,20 +158,18 @@ fn top_p(
 /// the live tokens: their softmax in id order, the top probability `fl32(1 / sum)`, and every
 /// probability below `min_p` times it removed. `None` when fewer than `keep` probabilities
 /// reach the threshold (torch's `topk` would restore some, by its tie order).
-fn min_p(min_p: f32, keep: usize, n: usize, w: &[f64], alive: &mut [bool]) -> Option<()> {
-    let sum: f64 = w.iter().zip(alive.iter()).fold(0.0, |acc, (&x, &a)| if a { acc + x } else { acc });
+fn min_p(min_p: f32, keep: usize, n: usize, w: &[f64], live: &mut Vec<u32>) -> Option<()> {
+    let sum = live.iter().fold(0.0f64, |acc, &i| acc + w[i as usize]);
     let threshold = min_p * (1.0 / sum) as f32;
     if threshold == 0.0 {
         return Some(());
     }
-    let prob = |x: f64| (x / sum) as f32;
+    let prob = |i: u32| (w[i as usize] / sum) as f32;
     let k = keep.min(n);
-    if k > 1 && w.iter().zip(alive.iter()).filter(|&(&x, &a)| a && prob(x) >= threshold).count() < k {
+    if k > 1 && live.iter().filter(|&&i| prob(i) >= threshold).count() < k {
         return None;
     }
-    for (a, &x) in alive.iter_mut().zip(w) {
-        *a &= prob(x) >= threshold;
-    }
+    live.retain(|&i| prob(i) >= threshold);
     Some(())
 }
 
