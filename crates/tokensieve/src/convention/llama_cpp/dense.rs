@@ -553,21 +553,25 @@ pub(crate) fn gather_at_least(
 /// above `tau`. Returns `tau`.
 pub(crate) fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<f32> {
     let max = s.summary.map_or(f32::NEG_INFINITY, |m| m.max);
-    let mut extra = 0;
-    let tau = loop {
+    let (mut extra, mut first_round) = (0, true);
+    loop {
         let need = k + extra;
         // More than there are blocks: the block maxima cannot bound it; the row's own values
         // are counted instead.
         let tau = if need > s.block_max.len() { row_threshold(need, max, r, s)? } else { threshold(need, max, s)? };
         let large = s.overlay.iter().filter(|e| r[e.0 as usize] >= tau && e.1 < tau).count();
         if large <= extra {
-            break tau;
+            gather_at_least(r, &s.block_max, &s.overlay, tau, &mut s.gathered, &mut s.blocks);
+            debug_assert!(s.gathered.len() >= k);
+            return Some(tau);
         }
-        extra = large;
-    };
-    gather_at_least(r, &s.block_max, &s.overlay, tau, &mut s.gathered, &mut s.blocks);
-    debug_assert!(s.gathered.len() >= k);
-    Some(tau)
+        // A lower `tau` may catch more lowered entries. PERF: after two rounds, all of them
+        // (a bound for any `tau`): on a flat row every penalised token drops below `tau`, and
+        // the rounds, each a few counting passes over the block maxima, went on for a while
+        // (`large` never exceeds that count, so the next round is the last).
+        extra = if first_round { large } else { s.overlay.iter().filter(|e| e.1 < r[e.0 as usize]).count() };
+        first_round = false;
+    }
 }
 
 /// `top_k(k)` on the untouched row (llama_cpp::top_k: heap select or bucket sort, which for
