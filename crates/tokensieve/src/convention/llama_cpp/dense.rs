@@ -550,10 +550,10 @@ pub(crate) fn gather_at_least(
 /// row value `>= tau` and an edited value below it: of the `k + e` blocks reaching `tau`, at
 /// most `e` may have lost their only entry `>= tau` to an edit, so `k` blocks still hold one.
 /// Usually `e = 0`: penalties lower a sampled (large) logit only a little, and it stays
-/// above `tau`. Returns `tau`.
+/// above `tau`; otherwise `e` is every lowered entry. Returns `tau`.
 pub(crate) fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<f32> {
     let max = s.summary.map_or(f32::NEG_INFINITY, |m| m.max);
-    let (mut extra, mut first_round) = (0, true);
+    let mut extra = 0;
     loop {
         let need = k + extra;
         // More than there are blocks: the block maxima cannot bound it; the row's own values
@@ -565,12 +565,12 @@ pub(crate) fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<f32> {
             debug_assert!(s.gathered.len() >= k);
             return Some(tau);
         }
-        // A lower `tau` may catch more lowered entries. PERF: after two rounds, all of them
-        // (a bound for any `tau`): on a flat row every penalised token drops below `tau`, and
-        // the rounds, each a few counting passes over the block maxima, went on for a while
-        // (`large` never exceeds that count, so the next round is the last).
-        extra = if first_round { large } else { s.overlay.iter().filter(|e| e.1 < r[e.0 as usize]).count() };
-        first_round = false;
+        // A lower `tau` may catch more lowered entries, so the next round counts all of them:
+        // `large` never exceeds that, whatever `tau`, so it is the last. PERF: rounds that
+        // added the entries caught so far went on for a while on a flat row, where every
+        // penalised token drops below `tau` (each round a few counting passes over the block
+        // maxima); on peaked rows a penalised token rarely drops below it at all.
+        extra = s.overlay.iter().filter(|e| e.1 < r[e.0 as usize]).count();
     }
 }
 
