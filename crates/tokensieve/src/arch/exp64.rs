@@ -492,19 +492,24 @@ mod x86 {
         (y, _mm256_movemask_pd(_mm256_castsi256_pd(others)) as u32)
     }
 
+    /// The lanes of `out` that the mask `others` flags, recomputed from the arguments `arg`
+    /// with the platform's `exp`.
+    #[inline(always)]
+    fn platform_lanes<const L: usize>(out: &mut [f64; L], arg: &[f64; L], others: u32) {
+        for (j, (c, &x)) in out.iter_mut().zip(arg).enumerate() {
+            if others >> j & 1 != 0 {
+                *c = x.exp();
+            }
+        }
+    }
+
     /// Runs `kernel` over `xs` in vectors of `L` lanes (the last one padded with zeros): it
     /// overwrites a vector with its results and returns the mask of the lanes it leaves to the
     /// platform's `exp` (rare in a row of logits), which are then recomputed from the original
     /// values.
     #[inline(always)]
     fn each_vector<const L: usize>(xs: &mut [f64], mut kernel: impl FnMut(&mut [f64; L]) -> u32) {
-        let fix = |x: &mut [f64; L], original: &[f64; L], others: u32| {
-            for (j, (c, &o)) in x.iter_mut().zip(original).enumerate() {
-                if others >> j & 1 != 0 {
-                    *c = o.exp();
-                }
-            }
-        };
+        let fix = platform_lanes::<L>;
         let mut chunks = xs.chunks_exact_mut(L);
         for chunk in &mut chunks {
             let x: &mut [f64; L] = chunk.try_into().expect("chunks_exact_mut gives whole vectors");
@@ -569,14 +574,11 @@ mod x86 {
         if others == 0 {
             return w;
         }
-        let mut out = [0.0f64; 8];
-        let mut arg = [0.0f64; 8];
-        // SAFETY: stores of 8 f64s into arrays of 8.
+        let (mut out, mut arg) = ([0.0f64; 8], [0.0f64; 8]);
+        // SAFETY: stores and a load of 8 f64s to and from arrays of 8.
         _mm512_storeu_pd(out.as_mut_ptr(), w);
         _mm512_storeu_pd(arg.as_mut_ptr(), x);
-        for j in (0..8).filter(|j| others >> j & 1 != 0) {
-            out[j] = arg[j].exp();
-        }
+        platform_lanes(&mut out, &arg, others);
         _mm512_loadu_pd(out.as_ptr())
     }
 
@@ -632,9 +634,7 @@ mod x86 {
                 let (mut out, mut arg) = ([0.0f64; 4], [0.0f64; 4]);
                 _mm256_storeu_pd(out.as_mut_ptr(), w);
                 _mm256_storeu_pd(arg.as_mut_ptr(), _mm256_cvtps_pd(x));
-                for j in (0..4).filter(|j| others >> j & 1 != 0) {
-                    out[j] = arg[j].exp();
-                }
+                platform_lanes(&mut out, &arg, others);
                 _mm256_loadu_pd(out.as_ptr())
             }
         };

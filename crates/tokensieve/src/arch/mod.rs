@@ -12,7 +12,8 @@
 //! beside AVX-512F, [`summarize`] and [`locate_max`] keep AVX2's 8 lanes but watch for NaN
 //! with mask compares (one instruction per two vectors, against AVX2's sum of the max tree's
 //! first operands), which brings [`summarize`] from about 1.15 to about 1.05 times a max pass.
-//! Every other kernel stays AVX2 (wider ones have not been written; NEON neither).
+//! The f64 `exp` of [`exp_in_place`] and [`exp64_block_sums`] runs on 8 lanes there too (see
+//! below). Every other kernel stays AVX2 (wider ones have not been written; NEON neither).
 //!
 //! The kernels (all for NaN-free input unless a kernel says otherwise):
 //!
