@@ -395,7 +395,7 @@ fn dist(
     let Some((t, max)) = one_temperature(&stages[first..end], s) else { return Ok(None) };
     let Some(Stage::HfDist(d)) = stages.get_mut(at) else { return Ok(None) };
     let u = d.draw();
-    if let Some((id, sum)) = locate_draw(r, t, max, u, s) {
+    if let Some((id, sum, exact)) = locate_draw(r, t, max, u, s) {
         // Its probability against the sum that located it (approximate, as llama.cpp's
         // `dist` fast path leaves it).
         let logit = r[id as usize] / t;
@@ -403,7 +403,7 @@ fn dist(
         c.begin(r.len());
         c.data.push(TokenData { id, logit, p });
         c.selected = Some(0);
-        s.path = Path::Fast("dist");
+        s.path = Path::Fast(if exact { "dist (exact sums)" } else { "dist" });
         return Ok(Some(Prepared::Selected(id)));
     }
     c.fill_validated(r);
@@ -793,13 +793,14 @@ fn sort_ascending_by_logit_then_id(data: &mut [TokenData], keys: &mut Vec<u64>) 
 /// rounding against the f64 `exp`, the f64 summation and flushed weights
 /// ([`approx_weight_sums`]). The crossing block is resolved with the exact weights, and the
 /// token is returned only when the target is farther than twice the bound from both ends of
-/// its interval; with it, the sum of the weights as those sums estimate it.
+/// its interval; with it, the sum of the weights as those sums estimate it, and whether the
+/// exact sums below were needed.
 ///
 /// Where those bounds stay too wide (a flat row: each weight is a few hundred thousandths of a
 /// sum of 128k of them), a last try sums the exact weights themselves
 /// ([`arch::exp64_block_sums`]), whose only difference from the array path's sum is the order
 /// of the f64 additions.
-fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<(u32, f64)> {
+fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<(u32, f64, bool)> {
     let draw = |sum: f64, err: f64, s: &mut Scratch| {
         let target = sum * u;
         let (b, before) = crossing_block(&s.block_sums, target)?;
@@ -818,14 +819,15 @@ fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<(
         }
         None
     };
-    tightening_sums(r, t, max, &DRAW_FAR_MASSES, s, draw).or_else(|| {
-        arch::exp64_block_sums(r, t, max, &mut s.block_sums);
-        let sum = total(&s.block_sums);
-        // Any two orders of adding the same n f64s are within 2 (n - 1) 2^-53 of their sum of
-        // each other; with a margin, as in `tightening_sums`.
-        let n = r.len() as f64;
-        draw(sum, sum * (n + 8.0) * f64::EPSILON * 2.0 + n * 1.2e-38, s)
-    })
+    if let Some((id, sum)) = tightening_sums(r, t, max, &DRAW_FAR_MASSES, s, draw) {
+        return Some((id, sum, false));
+    }
+    arch::exp64_block_sums(r, t, max, &mut s.block_sums);
+    let sum = total(&s.block_sums);
+    // Any two orders of adding the same n f64s are within 2 (n - 1) 2^-53 of their sum of
+    // each other; with a margin, as in `tightening_sums`.
+    let n = r.len() as f64;
+    draw(sum, sum * (n + 8.0) * f64::EPSILON * 2.0 + n * 1.2e-38, s).map(|(id, sum)| (id, sum, true))
 }
 
 fn push_if(c: &mut Candidates, t: TokenData, at_least: f32) {
