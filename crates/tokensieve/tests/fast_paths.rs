@@ -266,6 +266,27 @@ fn sample_matches_the_array_path() {
     paths.report("sample", 0.4);
 }
 
+/// Rows of `v` logits on which many draws land near an interval end, named: the generator's
+/// flat, peaked, huge-valued and shifted rows, a nearly flat one, one in which every block
+/// reaches `min_p(0.9)`'s threshold but every third entry does not, and one with an entry on
+/// that threshold (`ln 0.9` below the maximum 0), which only the sum decides.
+fn flat_and_long_tailed_rows(v: usize, seed: u64) -> Vec<(String, Vec<f32>)> {
+    let mut rows: Vec<(String, Vec<f32>)> = [RowKind::Flat, RowKind::Peaked, RowKind::Huge, RowKind::ShiftedDown]
+        .into_iter()
+        .map(|kind| (format!("{kind:?}"), generate::row(kind, v, seed)))
+        .collect();
+    let nearly_flat: Vec<f32> = generate::row(RowKind::Gaussian, v, seed).iter().map(|x| x * 0.02).collect();
+    let lower_third = nearly_flat.iter().enumerate().map(|(i, &x)| if i % 3 == 0 { -0.2 } else { x * 0.05 }).collect();
+    let mut on_threshold: Vec<f32> = nearly_flat.iter().map(|x| x * 0.05).collect();
+    let top = on_threshold.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    on_threshold.iter_mut().for_each(|x| *x -= top);
+    on_threshold[v / 2] = 0.9f32.ln();
+    rows.push(("nearly flat".into(), nearly_flat));
+    rows.push(("lower third".into(), lower_third));
+    rows.push(("on threshold".into(), on_threshold));
+    rows
+}
+
 /// The `dist` fast path's certainty test on rows where many draws land near an interval end:
 /// a flat row (every weight equal, so every boundary is a multiple of the same value), a
 /// nearly flat one, and rows with a huge number of tiny weights. `min_p` first keeps every
@@ -274,14 +295,7 @@ fn sample_matches_the_array_path() {
 fn dist_on_flat_and_long_tailed_rows() {
     let mut after_min_p = 0;
     for (v, seed) in [(20_000usize, 1u64), (50_000, 2), (128_256, 3)] {
-        let nearly_flat: Vec<f32> = generate::row(RowKind::Gaussian, v, seed).iter().map(|x| x * 0.02).collect();
-        let rows = [RowKind::Flat, RowKind::Peaked, RowKind::Huge, RowKind::ShiftedDown]
-            .map(|kind| (format!("{kind:?}"), generate::row(kind, v, seed)));
-        // Every block reaches `min_p(0.9)`'s threshold, but every third entry does not.
-        let lower_third: Vec<f32> =
-            nearly_flat.iter().enumerate().map(|(i, &x)| if i % 3 == 0 { -0.2 } else { x * 0.05 }).collect();
-        let extra = [("nearly flat".to_string(), nearly_flat), ("lower third".to_string(), lower_third)];
-        for (kind, row) in rows.into_iter().chain(extra) {
+        for (kind, row) in flat_and_long_tailed_rows(v, seed) {
             for spec in [
                 "dist",
                 "temperature(0.8);dist",
@@ -311,30 +325,7 @@ fn dist_on_flat_and_long_tailed_rows() {
 fn transformers_dist_on_flat_and_long_tailed_rows() {
     let (mut fast, mut flat_fast, mut after_min_p) = (0, 0, 0);
     for (v, seed) in [(20_000usize, 1u64), (128_256, 3)] {
-        let nearly_flat: Vec<f32> = generate::row(RowKind::Gaussian, v, seed).iter().map(|x| x * 0.02).collect();
-        // Every block reaches `min_p(0.9)`'s threshold, but every third entry does not.
-        let lower_third: Vec<f32> =
-            nearly_flat.iter().enumerate().map(|(i, &x)| if i % 3 == 0 { -0.2 } else { x * 0.05 }).collect();
-        // One entry on `min_p(0.9)`'s threshold (`ln 0.9` below the maximum 0): only the sum
-        // decides it.
-        let mut on_threshold: Vec<f32> = nearly_flat.iter().map(|x| x * 0.05).collect();
-        let top = on_threshold.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        on_threshold.iter_mut().for_each(|x| *x -= top);
-        on_threshold[v / 2] = 0.9f32.ln();
-        let extra = [("nearly flat", nearly_flat), ("lower third", lower_third), ("on threshold", on_threshold)];
-        let rows = [RowKind::Flat, RowKind::Peaked, RowKind::Huge, RowKind::ShiftedDown].map(|k| {
-            (
-                if k == RowKind::Flat {
-                    "Flat"
-                } else if k == RowKind::Peaked {
-                    "Peaked"
-                } else {
-                    "other"
-                },
-                generate::row(k, v, seed),
-            )
-        });
-        for (kind, row) in rows.into_iter().chain(extra) {
+        for (kind, row) in flat_and_long_tailed_rows(v, seed) {
             for spec in [
                 "dist",
                 "temperature(0.8);dist",
@@ -352,7 +343,7 @@ fn transformers_dist_on_flat_and_long_tailed_rows() {
                     let took_fast = matches!(chain.last_path(), Path::Fast(_)) as usize;
                     let from_the_row =
                         matches!(chain.last_path(), Path::Fast("dist" | "dist (exact sums)") | Path::Fallback("dist"));
-                    match kind {
+                    match kind.as_str() {
                         _ if spec.contains("min_p") => after_min_p += from_the_row as usize,
                         "Peaked" => fast += took_fast,
                         "Flat" => flat_fast += took_fast,
