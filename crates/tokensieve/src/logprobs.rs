@@ -321,8 +321,8 @@ fn top_from_blocks(
 
 /// A `tau` that at least `n` of the block `maxima` reach, and not many more than `n` do:
 /// `max - gap` for the `gap` that worked for the previous row (kept by the caller), checked by
-/// counting the maxima (one SIMD pass over them), else bisected. `-inf` (every block is read)
-/// when that does not settle or there are fewer than `n` blocks.
+/// counting the maxima (one SIMD pass over them), else bisected ([`arch::settle_gap`]). `-inf`
+/// (every block is read) when no gap gives `n` or there are fewer than `n` blocks.
 ///
 /// PERF: keeping the `n` largest block maxima sorted instead cost more than the rest of the
 /// top-`n` search (an insertion per new candidate; 2 µs of 15 at V = 128k).
@@ -330,32 +330,17 @@ fn block_threshold(maxima: &[f32], n: usize, max: f32, gap: &mut f32) -> f32 {
     if maxima.len() < n || !max.is_finite() {
         return f32::NEG_INFINITY;
     }
-    if !(gap.is_finite() && *gap > 0.0) {
-        *gap = 4.0;
-    }
-    // Gaps known to give too few (`lo`) and enough (`hi`) maxima.
-    let (mut lo, mut hi) = (0.0f32, f32::INFINITY);
-    for _ in 0..16 {
-        let count = arch::count_ge(maxima, max - *gap);
-        if count >= n {
-            hi = *gap;
-            if count <= n + n / 4 + 8 {
-                break;
-            }
-        } else {
-            lo = *gap;
+    let start = if gap.is_finite() && *gap > 0.0 { *gap } else { 4.0 };
+    match arch::settle_gap(maxima, n, max, start) {
+        Some(hi) => {
+            *gap = hi;
+            max - hi
         }
-        *gap = if hi.is_finite() { 0.5 * (lo + hi) } else { *gap * 2.0 };
-        if !gap.is_finite() {
-            break;
+        None => {
+            *gap = 4.0;
+            f32::NEG_INFINITY
         }
     }
-    if !hi.is_finite() {
-        *gap = 4.0;
-        return f32::NEG_INFINITY;
-    }
-    *gap = hi;
-    max - hi
 }
 
 /// Block maxima that [`top_from_blocks`] tests at once before visiting any of them one by one.

@@ -292,6 +292,33 @@ pub fn for_each_ge(block: &[f32], threshold: f32, f: impl FnMut(usize, f32)) {
     }
 }
 
+/// A gap `g` with at least `need` of `values` at or above `max - g`, and if possible not many
+/// more (at most `need + need / 4 + 8`): `start` first (the gap that worked before), counted by
+/// [`count_ge`], then doubled until enough and bisected, 16 counts at most. `None` when no gap
+/// tried reaches `need` (the caller decides what then). Callers keep the gap for the next row,
+/// whose shape is usually close.
+pub(crate) fn settle_gap(values: &[f32], need: usize, max: f32, start: f32) -> Option<f32> {
+    let mut gap = start;
+    // Gaps known to give too few (`lo`) and enough (`hi`) values.
+    let (mut lo, mut hi) = (0.0f32, f32::INFINITY);
+    for _ in 0..16 {
+        let n = count_ge(values, max - gap);
+        if n >= need {
+            hi = gap;
+            if n <= need + need / 4 + 8 {
+                break;
+            }
+        } else {
+            lo = gap;
+        }
+        gap = if hi.is_finite() { 0.5 * (lo + hi) } else { gap * 2.0 };
+        if !gap.is_finite() {
+            break;
+        }
+    }
+    hi.is_finite().then_some(hi)
+}
+
 /// Appends `(base + i, block[i], p = 0)` for every `i` with `block[i] >= threshold`, in index
 /// order.
 pub fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<TokenData>) {

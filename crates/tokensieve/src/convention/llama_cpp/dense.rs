@@ -478,28 +478,10 @@ fn row_threshold(need: usize, max: f32, r: &[f32], s: &mut Scratch) -> Option<f3
         return None;
     }
     let slot = s.gaps.iter().position(|g| g.0 == need);
-    let mut gap = slot.map_or(4.0, |i| s.gaps[i].1);
-    // Gaps known to give too few (`lo`) and enough (`hi`) entries.
-    let (mut lo, mut hi) = (0.0f32, f32::INFINITY);
-    for _ in 0..16 {
-        let n = arch::count_ge(r, max - gap);
-        if n >= need {
-            hi = gap;
-            if n <= need + need / 4 + 8 {
-                break;
-            }
-        } else {
-            lo = gap;
-        }
-        gap = if hi.is_finite() { 0.5 * (lo + hi) } else { gap * 2.0 };
-        if !gap.is_finite() {
-            break;
-        }
-    }
-    if !hi.is_finite() {
+    let Some(hi) = arch::settle_gap(r, need, max, slot.map_or(4.0, |i| s.gaps[i].1)) else {
         // Even every finite entry may not be enough: -inf entries count only at -inf.
         return (arch::count_ge(r, f32::NEG_INFINITY) >= need).then_some(f32::NEG_INFINITY);
-    }
+    };
     remember(s, slot, need, hi);
     Some(max - hi)
 }
