@@ -236,11 +236,11 @@ pub unsafe fn cheap_block_sums_at(src: &[f32], a: f32, b: f32, blocks: &[u32], o
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
 #[target_feature(enable = "avx512f,avx2,fma,popcnt")]
 pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> f32 {
-    super::avx2::exp_sum_sequential_with::<Avx512Scan, false>(start, row, sub, block_max, patches).0
+    super::avx2::exp_sum_sequential_with::<Avx512Scan>(start, row, sub, block_max, patches)
 }
 
-/// See [`super::exp_sum_unordered`]: [`exp_sum_sequential`]'s kernel with
-/// [`super::avx2`]'s verdict.
+/// See [`super::exp_sum_unordered`]: [`super::avx2`]'s scan for it, with this module's
+/// 16-lane block scan and increments.
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
@@ -252,8 +252,7 @@ pub unsafe fn exp_sum_unordered(
     block_max: &[f32],
     patches: &[(u32, f32)],
 ) -> Option<f32> {
-    let sum = super::avx2::exp_sum_sequential_with::<Avx512Scan, true>(start, row, sub, block_max, patches);
-    super::avx2::unordered(start, sum)
+    super::avx2::exp_sum_unordered_with::<Avx512Scan>(start, row, sub, block_max, patches)
 }
 
 struct Avx512Scan;
@@ -268,8 +267,13 @@ impl super::avx2::BlockScan for Avx512Scan {
     }
 
     #[inline(always)]
-    unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> (f32, bool) {
+    unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
         add_group(sum, xs, sub)
+    }
+
+    #[inline(always)]
+    unsafe fn increments(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
+        increments::<false>(xs, sub, scale, &mut [0.0; BLOCK])
     }
 
     #[inline(always)]
@@ -425,18 +429,29 @@ pub(super) unsafe fn expf_each(src: &[f32], out: &mut [f32]) {
 /// how the lanes are grouped). `xs` holds a multiple of 8 and at most [`BLOCK`] entries; a
 /// last half vector is loaded masked, its other lanes as `-inf` (weight 0, increment 0).
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> (f32, bool) {
+unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
     debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
+    let scale = ulp_scale(sum);
+    let mut w = [0.0f32; BLOCK];
+    let (total, exact) = increments::<true>(xs, sub, scale.unwrap_or(1.0), &mut w);
+    commit_group(sum, scale.is_some() && exact, total, &w[..xs.len()])
+}
+
+/// [`super::avx2`]'s `increments` on 16 lanes (the same per-lane operations, so the same
+/// total and flag): `add_group`'s integer increments over `xs` (a multiple of 8 and at most
+/// [`BLOCK`] entries) for the ulp scale `scale`, and whether every lane was exact; with
+/// `STORE` the weights go to `w` too.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn increments<const STORE: bool>(xs: &[f32], sub: f32, scale: f32, w: &mut [f32; BLOCK]) -> (u32, bool) {
     let c = ExpfConsts::new();
     let s = _mm512_set1_ps(sub);
-    let scale = ulp_scale(sum);
-    let scale_v = _mm512_set1_ps(scale.unwrap_or(1.0));
+    let scale_v = _mm512_set1_ps(scale);
     let magic = _mm512_set1_ps((1u32 << 23) as f32);
     let ymax = _mm512_set1_ps(((1u32 << 24) + 2) as f32);
     let half = _mm512_set1_ps(0.5);
     let min_normal = _mm512_set1_epi32(0x007f_ffff);
     let absent = _mm512_set1_ps(f32::NEG_INFINITY);
-    let mut w = [0.0f32; BLOCK];
     let mut k = _mm512_setzero_si512();
     let mut off: u16 = 0;
     for first in (0..xs.len()).step_by(16) {
@@ -445,7 +460,9 @@ unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> (f32, bool) {
         // `w` has room for as many.
         let x = _mm512_mask_loadu_ps(absent, lanes, xs.as_ptr().add(first));
         let wv = expf16(_mm512_sub_ps(x, s), &c);
-        _mm512_mask_storeu_ps(w.as_mut_ptr().add(first), lanes, wv);
+        if STORE {
+            _mm512_mask_storeu_ps(w.as_mut_ptr().add(first), lanes, wv);
+        }
         let wn = _mm512_maskz_mov_ps(_mm512_cmpgt_epi32_mask(_mm512_castps_si512(wv), min_normal), wv);
         let y = _mm512_min_ps(_mm512_fmadd_ps(wn, scale_v, magic), ymax);
         let r = _mm512_sub_ps(y, magic);
@@ -453,5 +470,5 @@ unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> (f32, bool) {
         off |= _mm512_cmp_ps_mask::<_CMP_GE_OQ>(d, half);
         k = _mm512_add_epi32(k, _mm512_sub_epi32(_mm512_castps_si512(y), _mm512_castps_si512(magic)));
     }
-    commit_group(sum, scale.is_some() && off == 0, _mm512_reduce_add_epi32(k) as u32, &w[..xs.len()])
+    (_mm512_reduce_add_epi32(k) as u32, off == 0)
 }

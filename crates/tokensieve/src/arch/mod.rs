@@ -483,11 +483,10 @@ pub fn exp_sum_sequential_patched(start: f32, row: &[f32], sub: f32, block_max: 
 ///
 /// While a running sum stays in one binade, adding a weight moves it by a whole number of that
 /// binade's ulps (the weight divided by the ulp, rounded to nearest), independent of the sum,
-/// unless the quotient is a tie (`j + 1/2`, where the sum's last bit decides). So when every
-/// weight that can change the sum is added that way (the AVX2/AVX-512 kernels' integer path,
-/// which also certifies that no quotient is a tie) and the sum ends in `start`'s binade (it
-/// only grows, so it never left it), any order of the same weights from `start` gives these
-/// bits. Raw logprobs use it to sum the row in llama-server's order (a permutation of the row)
+/// unless the quotient is a tie (`j + 1/2`, where the sum's last bit decides). So when no
+/// weight's quotient is a tie (the AVX2/AVX-512 kernels certify it while computing the whole
+/// numbers) and their total keeps the sum in `start`'s binade, any order of the same weights
+/// from `start` gives `start` plus that total in ulps. Raw logprobs use it to sum the row in llama-server's order (a permutation of the row)
 /// without computing that order.
 ///
 /// ```
@@ -1554,6 +1553,51 @@ mod tests {
         }
         // The test has teeth: the entries at -19 change the sum.
         assert_ne!(plain, 1.0);
+    }
+
+    /// On rows shaped like a language model's (a few entries near the maximum, most far below,
+    /// exact tie weights among them) with entries taken out as raw logprobs do, every sum
+    /// `exp_sum_unordered` returns is the plain loop's over the patched row, and on CPUs with
+    /// the SIMD kernels it returns most of them (the others cross into the next binade or
+    /// hit a tie).
+    #[test]
+    fn unordered_sums_of_peaked_rows_with_entries_taken_out() {
+        use tokensieve_testkit::generate::SplitMix64;
+        let mut rng = SplitMix64::new(7);
+        let mut taken = 0;
+        let cases = 300;
+        for case in 0..cases {
+            let len = [40, 64, 1000, 4097, 20_000][case % 5];
+            let r: Vec<f32> = (0..len)
+                .map(|_| match rng.below(40) {
+                    0 => -(rng.next_f64() * 8.0) as f32, // taken out below
+                    1 => [-16.0f32, -15.5, -16.635532, -17.0][rng.below(4)],
+                    _ => -12.0 - (rng.next_f64() * 28.0) as f32,
+                })
+                .collect();
+            let sub = portable::max(&r);
+            // The top entries go (their weights start the sum), and a few others.
+            let top = r.iter().enumerate().filter(|(_, &x)| x > -10.0).map(|(i, _)| i);
+            let mut patches: Vec<(u32, f32)> =
+                (0..rng.below(30)).map(|_| rng.below(len)).chain(top).map(|i| (i as u32, f32::NEG_INFINITY)).collect();
+            patches.sort_by_key(|p| p.0);
+            patches.dedup_by_key(|p| p.0);
+            let mut patched = r.clone();
+            for &(i, v) in &patches {
+                patched[i as usize] = v;
+            }
+            let start = [1.0f32, 1.25, 1.999, 3.0][case % 4];
+            let mut bm = Vec::new();
+            portable::summarize(&r, &mut bm);
+            let plain = patched.iter().fold(start, |s, &x| s + (x - sub).exp());
+            if let Some(sum) = exp_sum_unordered(start, &r, sub, &bm, &patches) {
+                assert_eq!(sum.to_bits(), plain.to_bits(), "case {case}");
+                taken += 1;
+            }
+        }
+        if vectorised_exp() {
+            assert!(taken > cases / 2, "{taken} of {cases} sums taken");
+        }
     }
 
     /// `exp_sum_unordered` declines a sum with a tie (weight 1 against the ulp 2 of 2^24: the
