@@ -704,7 +704,9 @@ pub unsafe fn exp_sum_unordered(
 /// whatever the order. So the increments are totalled as the entries come, and the answer is
 /// `start` plus the total in ulps, when no increment was a tie or out of range and the total
 /// leaves room in the significand (`start + total·u < 2^(e+1)`: the binade kept). Any order
-/// of the same additions from `start` gives these bits, the plain loop's included.
+/// of the same additions from `start` gives these bits, the plain loop's included. Where the
+/// ulp scale allows, each vector's increments come from approximate weights when a
+/// certificate shows them to be the exact ones ([`approx_increments`]).
 ///
 /// PERF: this used to be the sequential kernel with a verdict at the end. This loop keeps no
 /// running sum, bound or prefix maximum, and need not add the queued weights before a dense
@@ -728,9 +730,14 @@ pub(super) unsafe fn exp_sum_unordered_with<S: BlockScan>(
     let mut total = 0u64;
     // Adds the increments of `xs` (a multiple of 8 entries) to `total`; false once one is a tie
     // or out of range, or the total has no room left.
+    let approx = scale <= APPROX_SCALE_MAX;
     let mut add = |xs: &[f32]| {
         xs.chunks(BLOCK).all(|group| {
-            let (k, exact) = S::increments(group, sub, scale);
+            let (k, exact) = if approx {
+                S::increments::<true>(group, sub, scale)
+            } else {
+                S::increments::<false>(group, sub, scale)
+            };
             total += u64::from(k);
             exact && total < room
         })
@@ -810,8 +817,8 @@ pub(super) trait BlockScan {
     /// [`add_group`]'s result, bit for bit (`xs` as there).
     unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32;
     /// [`add_group`]'s integer increments over `xs` (as there) for the ulp scale `scale`:
-    /// their total, and whether every lane was exact.
-    unsafe fn increments(xs: &[f32], sub: f32, scale: f32) -> (u32, bool);
+    /// their total, and whether every lane was exact ([`increments`], the same with `APPROX`).
+    unsafe fn increments<const APPROX: bool>(xs: &[f32], sub: f32, scale: f32) -> (u32, bool);
 }
 
 /// Blocks whose maxima [`exp_sum_sequential_with`] compares with the threshold at once.
@@ -869,8 +876,8 @@ impl BlockScan for Avx2Scan {
     }
 
     #[inline(always)]
-    unsafe fn increments(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
-        increments::<false>(xs, sub, scale, &mut [0.0; BLOCK])
+    unsafe fn increments<const APPROX: bool>(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
+        increments::<false, APPROX>(xs, sub, scale, &mut [0.0; BLOCK])
     }
 }
 
@@ -1050,42 +1057,170 @@ unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
     debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
     let scale = ulp_scale(sum);
     let mut w = [0.0f32; BLOCK];
-    let (total, exact) = increments::<true>(xs, sub, scale.unwrap_or(1.0), &mut w);
+    let (total, exact) = increments::<true, false>(xs, sub, scale.unwrap_or(1.0), &mut w);
     commit_group(sum, scale.is_some() && exact, total, &w[..xs.len()])
 }
 
 /// [`add_group`]'s integer increments over `xs` (a multiple of 8 and at most [`BLOCK`]
 /// entries) for the ulp scale `scale` (`1/u`): their total, and whether every lane was exact
 /// (no tie, no lane out of range). With `STORE` the weights are written to `w` as well, for
-/// the plain loop's fallback.
+/// the plain loop's fallback. With `APPROX` (and no `STORE`; `scale` at most
+/// [`APPROX_SCALE_MAX`]), each vector takes [`approx_increments`] where every lane is certain,
+/// the exact ones otherwise: the same total and flag either way.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn increments<const STORE: bool>(xs: &[f32], sub: f32, scale: f32, w: &mut [f32; BLOCK]) -> (u32, bool) {
-    let s = _mm256_set1_ps(sub);
-    let scale_v = _mm256_set1_ps(scale);
-    let magic = _mm256_set1_ps((1u32 << 23) as f32);
-    let ymax = _mm256_set1_ps(((1u32 << 24) + 2) as f32);
-    let half = _mm256_set1_ps(0.5);
-    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-    let min_normal = _mm256_set1_epi32(0x007f_ffff);
+pub(super) unsafe fn increments<const STORE: bool, const APPROX: bool>(
+    xs: &[f32],
+    sub: f32,
+    scale: f32,
+    w: &mut [f32; BLOCK],
+) -> (u32, bool) {
+    debug_assert!(!APPROX || scale <= APPROX_SCALE_MAX);
+    let c = IncrementConsts::new(sub, scale);
     let mut k = _mm256_setzero_si256();
     let mut off = _mm256_setzero_ps();
-    for (c, o) in xs.chunks_exact(8).zip(w.chunks_exact_mut(8)) {
-        // SAFETY: `c` and `o` each hold 8 floats.
-        let wv = expf8(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), s));
+    for (c8, o) in xs.chunks_exact(8).zip(w.chunks_exact_mut(8)) {
+        // SAFETY: `c8` holds 8 floats.
+        let x = _mm256_loadu_ps(c8.as_ptr());
+        if APPROX {
+            let (kv, sure) = approx_increments(x, &c);
+            if _mm256_movemask_ps(sure) == 0xff {
+                k = _mm256_add_epi32(k, kv);
+                continue;
+            }
+        }
+        let (wv, kv, not_exact) = exact_increments(x, &c);
         if STORE {
+            // SAFETY: `o` holds 8 floats.
             _mm256_storeu_ps(o.as_mut_ptr(), wv);
         }
-        let normal = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_castps_si256(wv), min_normal));
-        let wn = _mm256_and_ps(wv, normal);
-        let y = _mm256_min_ps(_mm256_fmadd_ps(wn, scale_v, magic), ymax);
-        let r = _mm256_sub_ps(y, magic);
-        let d = _mm256_and_ps(_mm256_fmsub_ps(wn, scale_v, r), abs);
-        off = _mm256_or_ps(off, _mm256_cmp_ps::<_CMP_GE_OQ>(d, half));
-        k = _mm256_add_epi32(k, _mm256_sub_epi32(_mm256_castps_si256(y), _mm256_castps_si256(magic)));
+        k = _mm256_add_epi32(k, kv);
+        off = _mm256_or_ps(off, not_exact);
     }
     (hsum_epi32(k) as u32, _mm256_movemask_ps(off) == 0)
 }
+
+/// The constants of [`increments`], set once per call.
+struct IncrementConsts {
+    sub: __m256,
+    scale: __m256,
+    magic: __m256,
+    ymax: __m256,
+    half: __m256,
+    abs: __m256,
+    min_normal: __m256i,
+    exp2: Exp2Consts,
+    log2e: __m256,
+    big: __m256,
+    rho: __m256,
+    rho_y: __m256,
+    certain: __m256,
+}
+
+impl IncrementConsts {
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn new(sub: f32, scale: f32) -> Self {
+        Self {
+            sub: _mm256_set1_ps(sub),
+            scale: _mm256_set1_ps(scale),
+            magic: _mm256_set1_ps((1u32 << 23) as f32),
+            ymax: _mm256_set1_ps(((1u32 << 24) + 2) as f32),
+            half: _mm256_set1_ps(0.5),
+            abs: _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)),
+            min_normal: _mm256_set1_epi32(0x007f_ffff),
+            exp2: Exp2Consts::new(),
+            log2e: _mm256_set1_ps(std::f32::consts::LOG2_E),
+            big: _mm256_set1_ps((1u32 << 22) as f32),
+            rho: _mm256_set1_ps(APPROX_RHO),
+            rho_y: _mm256_set1_ps(APPROX_RHO_Y),
+            certain: _mm256_set1_ps(APPROX_CERTAIN),
+        }
+    }
+}
+
+/// [`add_group`]'s exact increments of 8 lanes `x`: the weights `expf(x - sub)`, the
+/// increments, and a mask of the lanes that are a tie or out of range (see the proof there).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn exact_increments(x: __m256, c: &IncrementConsts) -> (__m256, __m256i, __m256) {
+    let wv = expf8(_mm256_sub_ps(x, c.sub));
+    let normal = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_castps_si256(wv), c.min_normal));
+    let wn = _mm256_and_ps(wv, normal);
+    let y = _mm256_min_ps(_mm256_fmadd_ps(wn, c.scale, c.magic), c.ymax);
+    let r = _mm256_sub_ps(y, c.magic);
+    let d = _mm256_and_ps(_mm256_fmsub_ps(wn, c.scale, r), c.abs);
+    let not_exact = _mm256_cmp_ps::<_CMP_GE_OQ>(d, c.half);
+    (wv, _mm256_sub_epi32(_mm256_castps_si256(y), _mm256_castps_si256(c.magic)), not_exact)
+}
+
+/// [`exact_increments`]'s increments from approximate weights, and a mask of the lanes where
+/// they are certain: there, they are the exact increments and the exact lane is no tie and in
+/// range. `c.scale` must be at most [`APPROX_SCALE_MAX`].
+///
+/// Per lane, `w' = 2^y` ([`exp2_approx_with`]) with `y = fl(fl(x - sub)·fl(log2 e))`, against
+/// the exact `w = expf(d)` for the same `d = fl(x - sub)`. Relative to `e^d`: `w` is within
+/// 0.502 ulp (glibc's bound for its `expf`, which the replica reproduces bit for bit), under
+/// `2^-23.99`; `y` differs from `d·log2 e` by the roundings of the product and of `log2 e`, at
+/// most `1.27·2^-24·|y|`, so `2^y` from `e^d` by `ln 2` times that; and `w'` from `2^y` by
+/// [`APPROX_POLY_REL_ERROR`] (`2^-21`). So `|w' - w| <= w'·rho(y)` with
+/// `rho(y) = `[`APPROX_RHO`]` + `[`APPROX_RHO_Y`]`·|y|`, both constants twice the sum of those
+/// terms (for second-order terms, `e^d` against `w'`, and the f32 evaluation of the
+/// tolerance). With `x' = w'·scale` and `x = w·scale` (exact products: `scale` is a power of
+/// two), `|x - x'| <= tol = x'·rho(y)`. A lane is certain when `x' < 2^22` and
+/// `|x' - r| + tol < 1/2 - 2^-10` for the integer `r` nearest `x'`: then `r` is the integer
+/// nearest `x` too and `x` is no tie, so `r` is the exact increment. Lanes whose `y` was
+/// clamped to [`APPROX_Y_MIN`] have `w, w' < 2^-99.9`, so with `scale <= 2^50` both
+/// increments are 0 and `x` no tie, whatever the bound. (Subnormal `w`, which the exact
+/// lanes zero, are such lanes.)
+///
+/// PERF: the exact `expf` replica works in f64 (two halves per vector, a table lookup); this
+/// f32 quintic costs about a third of it. The lanes it cannot certify are the few large
+/// weights, whose increments need every bit (`x'` above about `2^15`).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn approx_increments(x: __m256, c: &IncrementConsts) -> (__m256i, __m256) {
+    let (w, y) = exp2_approx_with(_mm256_mul_ps(_mm256_sub_ps(x, c.sub), c.log2e), &c.exp2);
+    let x = _mm256_mul_ps(w, c.scale);
+    let yr = _mm256_add_ps(x, c.magic);
+    let dist = _mm256_and_ps(_mm256_sub_ps(x, _mm256_sub_ps(yr, c.magic)), c.abs);
+    // `y <= 0`: `rho + rho_y·|y|` is `rho - rho_y·y`.
+    let tol = _mm256_mul_ps(x, _mm256_fnmadd_ps(c.rho_y, y, c.rho));
+    let sure = _mm256_and_ps(
+        _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_add_ps(dist, tol), c.certain),
+        _mm256_cmp_ps::<_CMP_LT_OQ>(x, c.big),
+    );
+    (_mm256_sub_epi32(_mm256_castps_si256(yr), _mm256_castps_si256(c.magic)), sure)
+}
+
+/// For the tests: per lane of `xs`, the approximate increment, whether it is certain, and
+/// the exact increment.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(test)]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn increments_by_lane(xs: &[f32; 8], sub: f32, scale: f32) -> [(u32, bool, u32); 8] {
+    let c = IncrementConsts::new(sub, scale);
+    let x = _mm256_loadu_ps(xs.as_ptr());
+    let (approx, sure) = approx_increments(x, &c);
+    let (_, exact, _) = exact_increments(x, &c);
+    let lanes = |v: __m256i| std::mem::transmute::<__m256i, [u32; 8]>(v);
+    let (a, e) = (lanes(approx), lanes(exact));
+    let sure = _mm256_movemask_ps(sure);
+    std::array::from_fn(|i| (a[i], sure >> i & 1 == 1, e[i]))
+}
+
+/// [`approx_increments`]'s relative tolerance, `y`-independent part: twice
+/// [`APPROX_POLY_REL_ERROR`] plus 0.502 ulp.
+pub(super) const APPROX_RHO: f32 = 2.0 * (1.0 / (1u32 << 21) as f32 + 0.502 / (1u32 << 23) as f32);
+/// [`approx_increments`]'s relative tolerance per unit of `|y|`: twice `ln 2 · 1.27 · 2^-24`.
+pub(super) const APPROX_RHO_Y: f32 = 2.0 * std::f32::consts::LN_2 * 1.27 / (1u32 << 24) as f32;
+/// [`approx_increments`] certifies a lane when `|x' - r| + tol` is below this.
+pub(super) const APPROX_CERTAIN: f32 = 0.5 - 1.0 / 1024.0;
+/// The largest ulp scale for [`approx_increments`] (`2^50`, sums from `2^-27` up): clamped
+/// arguments then have increment 0 on both paths.
+pub(super) const APPROX_SCALE_MAX: f32 = (1u64 << 50) as f32;
 
 /// `1/u = 2^(150 - E)` for the ulp `u` of a running sum with biased exponent `E` (the scale of
 /// [`add_group`]'s integer increments; a normal f32, `E` being within `25..=254`), or `None`

@@ -28,8 +28,8 @@
 //! times as many weights per second as the AVX2 one.
 
 use super::avx2::{
-    self, commit_group, ulp_scale, APPROX_Y_MIN, EXP2F_TAB, EXP2_POLY, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT,
-    EXPF_UFLOW, GROUP,
+    self, commit_group, ulp_scale, APPROX_CERTAIN, APPROX_RHO, APPROX_RHO_Y, APPROX_SCALE_MAX, APPROX_Y_MIN, EXP2F_TAB,
+    EXP2_POLY, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT, EXPF_UFLOW, GROUP,
 };
 use super::{Summary, BLOCK};
 use std::arch::x86_64::*;
@@ -272,8 +272,8 @@ impl super::avx2::BlockScan for Avx512Scan {
     }
 
     #[inline(always)]
-    unsafe fn increments(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
-        increments::<false>(xs, sub, scale, &mut [0.0; BLOCK])
+    unsafe fn increments<const APPROX: bool>(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
+        increments::<false, APPROX>(xs, sub, scale, &mut [0.0; BLOCK])
     }
 
     #[inline(always)]
@@ -291,14 +291,13 @@ impl super::avx2::BlockScan for Avx512Scan {
 
     #[inline(always)]
     unsafe fn pack(block: &[f32; BLOCK], masks: Self::Masks, dst: &mut [f32]) -> usize {
+        assert!(dst.len() >= BLOCK, "pack: no room for a block");
         let mut n = 0;
         for (k, &m) in masks.iter().enumerate() {
-            // SAFETY: `block` holds 64 floats, so 16 from `16k` are in bounds.
+            // SAFETY: `block` holds 64 floats, so 16 from `16k` are in bounds; at most 48 were
+            // written before (`n <= 48`), so the 16 stored from `n` are within `dst`.
             let x = _mm512_loadu_ps(block.as_ptr().add(16 * k));
-            // At most 48 written before, plus 16: within the BLOCK + 8 the caller guarantees.
-            let out = &mut dst[n..n + 16];
-            // SAFETY: `out` holds 16 floats.
-            _mm512_storeu_ps(out.as_mut_ptr(), _mm512_maskz_compress_ps(m, x));
+            _mm512_storeu_ps(dst.as_mut_ptr().add(n), _mm512_maskz_compress_ps(m, x));
             n += m.count_ones() as usize;
         }
         n
@@ -433,24 +432,93 @@ unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
     debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
     let scale = ulp_scale(sum);
     let mut w = [0.0f32; BLOCK];
-    let (total, exact) = increments::<true>(xs, sub, scale.unwrap_or(1.0), &mut w);
+    let (total, exact) = increments::<true, false>(xs, sub, scale.unwrap_or(1.0), &mut w);
     commit_group(sum, scale.is_some() && exact, total, &w[..xs.len()])
+}
+
+/// The constants of the increments below, set once per call.
+struct IncrementConsts {
+    expf: ExpfConsts,
+    exp2: Exp2Consts,
+    sub: __m512,
+    scale: __m512,
+    magic: __m512,
+    ymax: __m512,
+    half: __m512,
+    min_normal: __m512i,
+    log2e: __m512,
+    big: __m512,
+    rho: __m512,
+    rho_y: __m512,
+    certain: __m512,
+}
+
+impl IncrementConsts {
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[inline]
+    unsafe fn new(sub: f32, scale: f32) -> Self {
+        Self {
+            expf: ExpfConsts::new(),
+            exp2: Exp2Consts::new(),
+            sub: _mm512_set1_ps(sub),
+            scale: _mm512_set1_ps(scale),
+            magic: _mm512_set1_ps((1u32 << 23) as f32),
+            ymax: _mm512_set1_ps(((1u32 << 24) + 2) as f32),
+            half: _mm512_set1_ps(0.5),
+            min_normal: _mm512_set1_epi32(0x007f_ffff),
+            log2e: _mm512_set1_ps(std::f32::consts::LOG2_E),
+            big: _mm512_set1_ps((1u32 << 22) as f32),
+            rho: _mm512_set1_ps(APPROX_RHO),
+            rho_y: _mm512_set1_ps(APPROX_RHO_Y),
+            certain: _mm512_set1_ps(APPROX_CERTAIN),
+        }
+    }
+}
+
+/// `add_group`'s exact increments of 16 lanes `x`: the weights, the increments, and the lanes
+/// that are a tie or out of range ([`super::avx2`]'s `exact_increments`, lane for lane).
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn exact_increments(x: __m512, c: &IncrementConsts) -> (__m512, __m512i, u16) {
+    let wv = expf16(_mm512_sub_ps(x, c.sub), &c.expf);
+    let wn = _mm512_maskz_mov_ps(_mm512_cmpgt_epi32_mask(_mm512_castps_si512(wv), c.min_normal), wv);
+    let y = _mm512_min_ps(_mm512_fmadd_ps(wn, c.scale, c.magic), c.ymax);
+    let r = _mm512_sub_ps(y, c.magic);
+    let d = _mm512_abs_ps(_mm512_fmsub_ps(wn, c.scale, r));
+    let off = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(d, c.half);
+    (wv, _mm512_sub_epi32(_mm512_castps_si512(y), _mm512_castps_si512(c.magic)), off)
+}
+
+/// The same increments from approximate weights, and the lanes where they are not certain
+/// ([`super::avx2`]'s `approx_increments`, lane for lane).
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn approx_increments(x: __m512, c: &IncrementConsts) -> (__m512i, u16) {
+    let (w, y) = exp2_approx_with(_mm512_mul_ps(_mm512_sub_ps(x, c.sub), c.log2e), &c.exp2);
+    let x = _mm512_mul_ps(w, c.scale);
+    let yr = _mm512_add_ps(x, c.magic);
+    let dist = _mm512_abs_ps(_mm512_sub_ps(x, _mm512_sub_ps(yr, c.magic)));
+    let tol = _mm512_mul_ps(x, _mm512_fnmadd_ps(c.rho_y, y, c.rho));
+    let sure = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_add_ps(dist, tol), c.certain)
+        & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, c.big);
+    (_mm512_sub_epi32(_mm512_castps_si512(yr), _mm512_castps_si512(c.magic)), !sure)
 }
 
 /// [`super::avx2`]'s `increments` on 16 lanes (the same per-lane operations, so the same
 /// total and flag): `add_group`'s integer increments over `xs` (a multiple of 8 and at most
 /// [`BLOCK`] entries) for the ulp scale `scale`, and whether every lane was exact; with
-/// `STORE` the weights go to `w` too.
+/// `STORE` the weights go to `w` too. With `APPROX` (and no `STORE`), each vector takes
+/// `approx_increments` where every lane is certain, as [`super::avx2`]'s `increments` does.
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-unsafe fn increments<const STORE: bool>(xs: &[f32], sub: f32, scale: f32, w: &mut [f32; BLOCK]) -> (u32, bool) {
-    let c = ExpfConsts::new();
-    let s = _mm512_set1_ps(sub);
-    let scale_v = _mm512_set1_ps(scale);
-    let magic = _mm512_set1_ps((1u32 << 23) as f32);
-    let ymax = _mm512_set1_ps(((1u32 << 24) + 2) as f32);
-    let half = _mm512_set1_ps(0.5);
-    let min_normal = _mm512_set1_epi32(0x007f_ffff);
+pub(super) unsafe fn increments<const STORE: bool, const APPROX: bool>(
+    xs: &[f32],
+    sub: f32,
+    scale: f32,
+    w: &mut [f32; BLOCK],
+) -> (u32, bool) {
+    debug_assert!(!APPROX || scale <= APPROX_SCALE_MAX);
+    let c = IncrementConsts::new(sub, scale);
     let absent = _mm512_set1_ps(f32::NEG_INFINITY);
     let mut k = _mm512_setzero_si512();
     let mut off: u16 = 0;
@@ -459,16 +527,19 @@ unsafe fn increments<const STORE: bool>(xs: &[f32], sub: f32, scale: f32, w: &mu
         // SAFETY: `lanes` covers only entries of `xs` (whose length is a multiple of 8), and
         // `w` has room for as many.
         let x = _mm512_mask_loadu_ps(absent, lanes, xs.as_ptr().add(first));
-        let wv = expf16(_mm512_sub_ps(x, s), &c);
+        if APPROX {
+            let (kv, unsure) = approx_increments(x, &c);
+            if unsure == 0 {
+                k = _mm512_add_epi32(k, kv);
+                continue;
+            }
+        }
+        let (wv, kv, o) = exact_increments(x, &c);
         if STORE {
             _mm512_mask_storeu_ps(w.as_mut_ptr().add(first), lanes, wv);
         }
-        let wn = _mm512_maskz_mov_ps(_mm512_cmpgt_epi32_mask(_mm512_castps_si512(wv), min_normal), wv);
-        let y = _mm512_min_ps(_mm512_fmadd_ps(wn, scale_v, magic), ymax);
-        let r = _mm512_sub_ps(y, magic);
-        let d = _mm512_abs_ps(_mm512_fmsub_ps(wn, scale_v, r));
-        off |= _mm512_cmp_ps_mask::<_CMP_GE_OQ>(d, half);
-        k = _mm512_add_epi32(k, _mm512_sub_epi32(_mm512_castps_si512(y), _mm512_castps_si512(magic)));
+        k = _mm512_add_epi32(k, kv);
+        off |= o;
     }
     (_mm512_reduce_add_epi32(k) as u32, off == 0)
 }

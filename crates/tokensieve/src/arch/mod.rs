@@ -64,6 +64,7 @@ use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
 pub mod exp64;
@@ -1597,6 +1598,67 @@ mod tests {
         }
         if vectorised_exp() {
             assert!(taken > cases / 2, "{taken} of {cases} sums taken");
+        }
+    }
+
+    /// The approximate increments of the unordered sums are the exact ones wherever their
+    /// certificate holds, on random lanes and on lanes within a few ulps of a tie (where an
+    /// approximation could round the other way), for ulp scales up to the largest allowed; the
+    /// certificate holds for nearly every small weight, and both SIMD kernels' totals with
+    /// and without the approximation agree.
+    #[test]
+    fn approximate_increments_are_exact_where_certain() {
+        #[cfg(target_arch = "x86_64")]
+        if vectorised_exp() {
+            use tokensieve_testkit::generate::SplitMix64;
+            let mut rng = SplitMix64::new(5);
+            let (mut small, mut small_sure) = (0, 0);
+            for case in 0..20_000 {
+                let e = [23, 22, 24, 30, 10, 40, 50][case % 7];
+                let scale = (e as f32).exp2();
+                let sub = [0.0f32, 15.25, -3.0, 100.0][case % 4];
+                // The lanes from 0 to 3 are random, the others near a tie.
+                let xs: [f32; 8] = std::array::from_fn(|lane| {
+                    let d = match if lane < 4 { rng.below(4) } else { 4 } {
+                        0 => -(rng.next_f64() * 20.0),
+                        1 => -(rng.next_f64() * 4.0),
+                        2 => -(rng.next_f64() * 110.0),
+                        3 => f64::NEG_INFINITY,
+                        // Near a tie: `e^d·scale` within a few ulps of `j + 1/2`.
+                        _ => {
+                            let bits = rng.below(20);
+                            let j = rng.below(1 << bits) as f64;
+                            let d = ((j + 0.5) / scale as f64).ln().min(0.0) as f32;
+                            let ulps = rng.below(9) as i32 - 4;
+                            return f32::from_bits((d.to_bits() as i32 + ulps) as u32).min(0.0) + sub;
+                        }
+                    };
+                    (d as f32 + sub).min(sub)
+                });
+                // SAFETY: `vectorised_exp` implies AVX2 and FMA were detected.
+                let lanes = unsafe { avx2::increments_by_lane(&xs, sub, scale) };
+                for (i, &(approx, sure, exact)) in lanes.iter().enumerate() {
+                    if sure {
+                        assert_eq!(approx, exact, "x {} sub {sub} scale 2^{e}", xs[i]);
+                    }
+                    if i < 4 && (1..1000).contains(&exact) {
+                        small += 1;
+                        small_sure += sure as usize;
+                    }
+                }
+                let row: Vec<f32> = xs.iter().chain(&xs).chain(&xs).copied().collect();
+                let mut w = [0.0f32; BLOCK];
+                // SAFETY: as above; AVX-512F, POPCNT, AVX2 and FMA where `avx512_available`.
+                unsafe {
+                    let exact = avx2::increments::<false, false>(&row, sub, scale, &mut w);
+                    assert_eq!(avx2::increments::<false, true>(&row, sub, scale, &mut w), exact);
+                    if avx512_available() {
+                        assert_eq!(avx512::increments::<false, false>(&row, sub, scale, &mut w), exact);
+                        assert_eq!(avx512::increments::<false, true>(&row, sub, scale, &mut w), exact);
+                    }
+                }
+            }
+            assert!(small_sure * 100 > small * 97, "{small_sure} of {small} small increments certain");
         }
     }
 
