@@ -722,25 +722,20 @@ pub(super) unsafe fn exp_sum_unordered_with<S: BlockScan>(
     patches: &[(u32, f32)],
 ) -> Option<f32> {
     const QUEUE: usize = 256;
+    const { assert!(QUEUE + BLOCK + 8 <= INCREMENTS_MAX, "a queue is added by one `increments` call") };
     // Blocks with at least this many entries at or above the threshold are added whole.
     const DENSE: usize = 40;
     let scale = ulp_scale(start)?;
     let room = u64::from((1u32 << 23) - (start.to_bits() & 0x7f_ffff));
     let threshold = super::skip_threshold(sub, super::log_half_ulp(start));
     let mut total = 0u64;
-    // Adds the increments of `xs` (a multiple of 8 entries) to `total`; false once one is a tie
-    // or out of range, or the total has no room left.
+    // Adds the increments of `xs` (a multiple of 8 entries, at most a queue's) to `total`; false
+    // once one is a tie or out of range, or the total has no room left.
     let approx = scale <= APPROX_SCALE_MAX;
     let mut add = |xs: &[f32]| {
-        xs.chunks(BLOCK).all(|group| {
-            let (k, exact) = if approx {
-                S::increments::<true>(group, sub, scale)
-            } else {
-                S::increments::<false>(group, sub, scale)
-            };
-            total += u64::from(k);
-            exact && total < room
-        })
+        let (k, exact) = if approx { S::increments_approx(xs, sub, scale) } else { S::increments(xs, sub, scale) };
+        total += u64::from(k);
+        exact && total < room
     };
     // As in `exp_sum_sequential_with`: a full queue is added only once the other is full too,
     // so its entries are not loaded right after their overlapping stores.
@@ -816,9 +811,10 @@ pub(super) trait BlockScan {
     unsafe fn pack(block: &[f32; BLOCK], masks: Self::Masks, dst: &mut [f32]) -> usize;
     /// [`add_group`]'s result, bit for bit (`xs` as there).
     unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32;
-    /// [`add_group`]'s integer increments over `xs` (as there) for the ulp scale `scale`:
-    /// their total, and whether every lane was exact ([`increments`], the same with `APPROX`).
-    unsafe fn increments<const APPROX: bool>(xs: &[f32], sub: f32, scale: f32) -> (u32, bool);
+    /// [`increments`] (`xs` and `scale` as there, no weights stored).
+    unsafe fn increments(xs: &[f32], sub: f32, scale: f32) -> (u32, bool);
+    /// [`increments_approx`]: the same.
+    unsafe fn increments_approx(xs: &[f32], sub: f32, scale: f32) -> (u32, bool);
 }
 
 /// Blocks whose maxima [`exp_sum_sequential_with`] compares with the threshold at once.
@@ -876,8 +872,13 @@ impl BlockScan for Avx2Scan {
     }
 
     #[inline(always)]
-    unsafe fn increments<const APPROX: bool>(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
-        increments::<false, APPROX>(xs, sub, scale, &mut [0.0; BLOCK])
+    unsafe fn increments(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
+        increments::<false>(xs, sub, scale, &mut [0.0; BLOCK])
+    }
+
+    #[inline(always)]
+    unsafe fn increments_approx(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
+        increments_approx(xs, sub, scale)
     }
 }
 
@@ -1057,40 +1058,33 @@ unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
     debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
     let scale = ulp_scale(sum);
     let mut w = [0.0f32; BLOCK];
-    let (total, exact) = increments::<true, false>(xs, sub, scale.unwrap_or(1.0), &mut w);
+    let (total, exact) = increments::<true>(xs, sub, scale.unwrap_or(1.0), &mut w);
     commit_group(sum, scale.is_some() && exact, total, &w[..xs.len()])
 }
 
-/// [`add_group`]'s integer increments over `xs` (a multiple of 8 and at most [`BLOCK`]
-/// entries) for the ulp scale `scale` (`1/u`): their total, and whether every lane was exact
-/// (no tie, no lane out of range). With `STORE` the weights are written to `w` as well, for
-/// the plain loop's fallback. With `APPROX` (and no `STORE`; `scale` at most
-/// [`APPROX_SCALE_MAX`]), each vector takes [`approx_increments`] where every lane is certain,
-/// the exact ones otherwise: the same total and flag either way.
+/// [`add_group`]'s integer increments over `xs` (a multiple of 8 entries, at most
+/// [`INCREMENTS_MAX`]) for the ulp scale `scale` (`1/u`): their total, and whether every lane
+/// was exact (no tie, no lane out of range). Each increment is at most `2^23 + 2`, so the
+/// total of that many fits a u32 (the callers' room checks fail long before). With `STORE`
+/// (`xs` at most [`BLOCK`] entries) the weights are written to `w` as well, for the plain
+/// loop's fallback.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-pub(super) unsafe fn increments<const STORE: bool, const APPROX: bool>(
+pub(super) unsafe fn increments<const STORE: bool>(
     xs: &[f32],
     sub: f32,
     scale: f32,
     w: &mut [f32; BLOCK],
 ) -> (u32, bool) {
-    debug_assert!(!APPROX || scale <= APPROX_SCALE_MAX);
+    debug_assert!(xs.len() <= INCREMENTS_MAX && (!STORE || xs.len() <= BLOCK));
     let c = IncrementConsts::new(sub, scale);
     let mut k = _mm256_setzero_si256();
     let mut off = _mm256_setzero_ps();
-    for (c8, o) in xs.chunks_exact(8).zip(w.chunks_exact_mut(8)) {
+    for (i, c8) in xs.chunks_exact(8).enumerate() {
         // SAFETY: `c8` holds 8 floats.
-        let x = _mm256_loadu_ps(c8.as_ptr());
-        if APPROX {
-            let (kv, sure) = approx_increments(x, &c);
-            if _mm256_movemask_ps(sure) == 0xff {
-                k = _mm256_add_epi32(k, kv);
-                continue;
-            }
-        }
-        let (wv, kv, not_exact) = exact_increments(x, &c);
+        let (wv, kv, not_exact) = exact_increments(_mm256_loadu_ps(c8.as_ptr()), &c);
         if STORE {
+            let o = &mut w[8 * i..8 * i + 8];
             // SAFETY: `o` holds 8 floats.
             _mm256_storeu_ps(o.as_mut_ptr(), wv);
         }
@@ -1099,6 +1093,46 @@ pub(super) unsafe fn increments<const STORE: bool, const APPROX: bool>(
     }
     (hsum_epi32(k) as u32, _mm256_movemask_ps(off) == 0)
 }
+
+/// [`increments`] (the same total and flag) from [`approx_increments`] where the certificate
+/// holds, and from [`exact_increments`] for the other lanes, in a second pass over the vectors
+/// that have any (`scale` at most [`APPROX_SCALE_MAX`]). The first pass has no branch and
+/// only the approximation's constants; the second is rare on language-model rows (a vector
+/// holding one of the few large weights).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) unsafe fn increments_approx(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
+    debug_assert!(scale <= APPROX_SCALE_MAX && xs.len() <= INCREMENTS_MAX);
+    let c = IncrementConsts::new(sub, scale);
+    let mut k = _mm256_setzero_si256();
+    let mut sure = [0u8; INCREMENTS_MAX / 8];
+    let mut all = 0xff;
+    for (v, c8) in xs.chunks_exact(8).enumerate() {
+        // SAFETY: `c8` holds 8 floats.
+        let (kv, s) = approx_increments(_mm256_loadu_ps(c8.as_ptr()), &c);
+        k = _mm256_add_epi32(k, _mm256_and_si256(kv, _mm256_castps_si256(s)));
+        sure[v] = _mm256_movemask_ps(s) as u8;
+        all &= sure[v];
+    }
+    let mut off = _mm256_setzero_ps();
+    if all != 0xff {
+        for (v, c8) in xs.chunks_exact(8).enumerate().filter(|&(v, _)| sure[v] != 0xff) {
+            // SAFETY: `c8` holds 8 floats.
+            let (_, kv, not_exact) = exact_increments(_mm256_loadu_ps(c8.as_ptr()), &c);
+            // The lanes the certificate left.
+            let left = _mm256_cmpeq_epi32(
+                _mm256_and_si256(_mm256_set1_epi32(sure[v] as i32), _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128)),
+                _mm256_setzero_si256(),
+            );
+            k = _mm256_add_epi32(k, _mm256_and_si256(kv, left));
+            off = _mm256_or_ps(off, not_exact); // a certain lane is never a tie or out of range
+        }
+    }
+    (hsum_epi32(k) as u32, _mm256_movemask_ps(off) == 0)
+}
+
+/// The most entries [`increments`] takes at once: `480·(2^23 + 2) < 2^32`.
+pub(super) const INCREMENTS_MAX: usize = 480;
 
 /// The constants of [`increments`], set once per call.
 struct IncrementConsts {
@@ -1111,7 +1145,6 @@ struct IncrementConsts {
     min_normal: __m256i,
     exp2: Exp2Consts,
     log2e: __m256,
-    big: __m256,
     rho: __m256,
     rho_y: __m256,
     certain: __m256,
@@ -1131,7 +1164,6 @@ impl IncrementConsts {
             min_normal: _mm256_set1_epi32(0x007f_ffff),
             exp2: Exp2Consts::new(),
             log2e: _mm256_set1_ps(std::f32::consts::LOG2_E),
-            big: _mm256_set1_ps((1u32 << 22) as f32),
             rho: _mm256_set1_ps(APPROX_RHO),
             rho_y: _mm256_set1_ps(APPROX_RHO_Y),
             certain: _mm256_set1_ps(APPROX_CERTAIN),
@@ -1167,9 +1199,10 @@ unsafe fn exact_increments(x: __m256, c: &IncrementConsts) -> (__m256, __m256i, 
 /// `rho(y) = `[`APPROX_RHO`]` + `[`APPROX_RHO_Y`]`·|y|`, both constants twice the sum of those
 /// terms (for second-order terms, `e^d` against `w'`, and the f32 evaluation of the
 /// tolerance). With `x' = w'·scale` and `x = w·scale` (exact products: `scale` is a power of
-/// two), `|x - x'| <= tol = x'·rho(y)`. A lane is certain when `x' < 2^22` and
-/// `|x' - r| + tol < 1/2 - 2^-10` for the integer `r` nearest `x'`: then `r` is the integer
-/// nearest `x` too and `x` is no tie, so `r` is the exact increment. Lanes whose `y` was
+/// two), `|x - x'| <= tol = x'·rho(y)`. A lane is certain when `|x' - r| + tol < 1/2 - 2^-10`
+/// for the integer `r` nearest `x'`: then `r` is the integer nearest `x` too and `x` is no tie,
+/// so `r` is the exact increment. That needs `x' < 2^19` (above, `tol > 1/2`), so `x` is in
+/// the exact lane's range, and `r = fl(x' + 2^23) - 2^23` is the nearest integer. Lanes whose `y` was
 /// clamped to [`APPROX_Y_MIN`] have `w, w' < 2^-99.9`, so with `scale <= 2^50` both
 /// increments are 0 and `x` no tie, whatever the bound. (Subnormal `w`, which the exact
 /// lanes zero, are such lanes.)
@@ -1186,10 +1219,7 @@ unsafe fn approx_increments(x: __m256, c: &IncrementConsts) -> (__m256i, __m256)
     let dist = _mm256_and_ps(_mm256_sub_ps(x, _mm256_sub_ps(yr, c.magic)), c.abs);
     // `y <= 0`: `rho + rho_y·|y|` is `rho - rho_y·y`.
     let tol = _mm256_mul_ps(x, _mm256_fnmadd_ps(c.rho_y, y, c.rho));
-    let sure = _mm256_and_ps(
-        _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_add_ps(dist, tol), c.certain),
-        _mm256_cmp_ps::<_CMP_LT_OQ>(x, c.big),
-    );
+    let sure = _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_add_ps(dist, tol), c.certain);
     (_mm256_sub_epi32(_mm256_castps_si256(yr), _mm256_castps_si256(c.magic)), sure)
 }
 

@@ -29,7 +29,7 @@
 
 use super::avx2::{
     self, commit_group, ulp_scale, APPROX_CERTAIN, APPROX_RHO, APPROX_RHO_Y, APPROX_SCALE_MAX, APPROX_Y_MIN, EXP2F_TAB,
-    EXP2_POLY, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT, EXPF_UFLOW, GROUP,
+    EXP2_POLY, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT, EXPF_UFLOW, GROUP, INCREMENTS_MAX,
 };
 use super::{Summary, BLOCK};
 use std::arch::x86_64::*;
@@ -272,8 +272,13 @@ impl super::avx2::BlockScan for Avx512Scan {
     }
 
     #[inline(always)]
-    unsafe fn increments<const APPROX: bool>(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
-        increments::<false, APPROX>(xs, sub, scale, &mut [0.0; BLOCK])
+    unsafe fn increments(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
+        increments::<false>(xs, sub, scale, &mut [0.0; BLOCK])
+    }
+
+    #[inline(always)]
+    unsafe fn increments_approx(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
+        increments_approx(xs, sub, scale)
     }
 
     #[inline(always)]
@@ -432,13 +437,12 @@ unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
     debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
     let scale = ulp_scale(sum);
     let mut w = [0.0f32; BLOCK];
-    let (total, exact) = increments::<true, false>(xs, sub, scale.unwrap_or(1.0), &mut w);
+    let (total, exact) = increments::<true>(xs, sub, scale.unwrap_or(1.0), &mut w);
     commit_group(sum, scale.is_some() && exact, total, &w[..xs.len()])
 }
 
 /// The constants of the increments below, set once per call.
 struct IncrementConsts {
-    expf: ExpfConsts,
     exp2: Exp2Consts,
     sub: __m512,
     scale: __m512,
@@ -447,7 +451,6 @@ struct IncrementConsts {
     half: __m512,
     min_normal: __m512i,
     log2e: __m512,
-    big: __m512,
     rho: __m512,
     rho_y: __m512,
     certain: __m512,
@@ -458,7 +461,6 @@ impl IncrementConsts {
     #[inline]
     unsafe fn new(sub: f32, scale: f32) -> Self {
         Self {
-            expf: ExpfConsts::new(),
             exp2: Exp2Consts::new(),
             sub: _mm512_set1_ps(sub),
             scale: _mm512_set1_ps(scale),
@@ -467,7 +469,6 @@ impl IncrementConsts {
             half: _mm512_set1_ps(0.5),
             min_normal: _mm512_set1_epi32(0x007f_ffff),
             log2e: _mm512_set1_ps(std::f32::consts::LOG2_E),
-            big: _mm512_set1_ps((1u32 << 22) as f32),
             rho: _mm512_set1_ps(APPROX_RHO),
             rho_y: _mm512_set1_ps(APPROX_RHO_Y),
             certain: _mm512_set1_ps(APPROX_CERTAIN),
@@ -479,8 +480,8 @@ impl IncrementConsts {
 /// that are a tie or out of range ([`super::avx2`]'s `exact_increments`, lane for lane).
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-unsafe fn exact_increments(x: __m512, c: &IncrementConsts) -> (__m512, __m512i, u16) {
-    let wv = expf16(_mm512_sub_ps(x, c.sub), &c.expf);
+unsafe fn exact_increments(x: __m512, c: &IncrementConsts, e: &ExpfConsts) -> (__m512, __m512i, u16) {
+    let wv = expf16(_mm512_sub_ps(x, c.sub), e);
     let wn = _mm512_maskz_mov_ps(_mm512_cmpgt_epi32_mask(_mm512_castps_si512(wv), c.min_normal), wv);
     let y = _mm512_min_ps(_mm512_fmadd_ps(wn, c.scale, c.magic), c.ymax);
     let r = _mm512_sub_ps(y, c.magic);
@@ -499,47 +500,74 @@ unsafe fn approx_increments(x: __m512, c: &IncrementConsts) -> (__m512i, u16) {
     let yr = _mm512_add_ps(x, c.magic);
     let dist = _mm512_abs_ps(_mm512_sub_ps(x, _mm512_sub_ps(yr, c.magic)));
     let tol = _mm512_mul_ps(x, _mm512_fnmadd_ps(c.rho_y, y, c.rho));
-    let sure = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_add_ps(dist, tol), c.certain)
-        & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, c.big);
+    let sure = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(_mm512_add_ps(dist, tol), c.certain);
     (_mm512_sub_epi32(_mm512_castps_si512(yr), _mm512_castps_si512(c.magic)), !sure)
 }
 
 /// [`super::avx2`]'s `increments` on 16 lanes (the same per-lane operations, so the same
-/// total and flag): `add_group`'s integer increments over `xs` (a multiple of 8 and at most
-/// [`BLOCK`] entries) for the ulp scale `scale`, and whether every lane was exact; with
-/// `STORE` the weights go to `w` too. With `APPROX` (and no `STORE`), each vector takes
-/// `approx_increments` where every lane is certain, as [`super::avx2`]'s `increments` does.
+/// total and flag): `add_group`'s integer increments over `xs` (a multiple of 8 entries, at
+/// most `INCREMENTS_MAX`; at most [`BLOCK`] with `STORE`) for the ulp scale `scale`, and
+/// whether every lane was exact; with `STORE` the weights go to `w` too.
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-pub(super) unsafe fn increments<const STORE: bool, const APPROX: bool>(
+pub(super) unsafe fn increments<const STORE: bool>(
     xs: &[f32],
     sub: f32,
     scale: f32,
     w: &mut [f32; BLOCK],
 ) -> (u32, bool) {
-    debug_assert!(!APPROX || scale <= APPROX_SCALE_MAX);
+    debug_assert!(xs.len() <= INCREMENTS_MAX && (!STORE || xs.len() <= BLOCK));
     let c = IncrementConsts::new(sub, scale);
-    let absent = _mm512_set1_ps(f32::NEG_INFINITY);
+    let e = ExpfConsts::new();
     let mut k = _mm512_setzero_si512();
     let mut off: u16 = 0;
     for first in (0..xs.len()).step_by(16) {
-        let lanes: u16 = if xs.len() - first >= 16 { 0xffff } else { 0x00ff };
-        // SAFETY: `lanes` covers only entries of `xs` (whose length is a multiple of 8), and
-        // `w` has room for as many.
-        let x = _mm512_mask_loadu_ps(absent, lanes, xs.as_ptr().add(first));
-        if APPROX {
-            let (kv, unsure) = approx_increments(x, &c);
-            if unsure == 0 {
-                k = _mm512_add_epi32(k, kv);
-                continue;
-            }
-        }
-        let (wv, kv, o) = exact_increments(x, &c);
+        let (x, lanes) = load_lanes(xs, first);
+        let (wv, kv, o) = exact_increments(x, &c, &e);
         if STORE {
+            // SAFETY: `lanes` covers only entries of `xs`, and `w` has room for as many.
             _mm512_mask_storeu_ps(w.as_mut_ptr().add(first), lanes, wv);
         }
         k = _mm512_add_epi32(k, kv);
         off |= o;
     }
     (_mm512_reduce_add_epi32(k) as u32, off == 0)
+}
+
+/// [`super::avx2`]'s `increments_approx` on 16 lanes (the same per-lane operations, so the
+/// same total and flag).
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+pub(super) unsafe fn increments_approx(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
+    debug_assert!(scale <= APPROX_SCALE_MAX && xs.len() <= INCREMENTS_MAX);
+    let c = IncrementConsts::new(sub, scale);
+    let mut k = _mm512_setzero_si512();
+    let mut unsure = [0u16; INCREMENTS_MAX.div_ceil(16)];
+    let mut any = 0;
+    for (v, first) in (0..xs.len()).step_by(16).enumerate() {
+        let (kv, u) = approx_increments(load_lanes(xs, first).0, &c);
+        k = _mm512_mask_add_epi32(k, !u, k, kv);
+        unsure[v] = u;
+        any |= u;
+    }
+    let mut off: u16 = 0;
+    if any != 0 {
+        let e = ExpfConsts::new();
+        for (v, first) in (0..xs.len()).step_by(16).enumerate().filter(|&(v, _)| unsure[v] != 0) {
+            let (_, kv, o) = exact_increments(load_lanes(xs, first).0, &c, &e);
+            k = _mm512_mask_add_epi32(k, unsure[v], k, kv);
+            off |= o; // a certain lane is never a tie or out of range
+        }
+    }
+    (_mm512_reduce_add_epi32(k) as u32, off == 0)
+}
+
+/// The 16 entries of `xs` from `first`, or its last 8 with `-inf` (weight 0, increment 0) in
+/// the other lanes; and the mask of the lanes that are entries.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn load_lanes(xs: &[f32], first: usize) -> (__m512, u16) {
+    let lanes: u16 = if xs.len() - first >= 16 { 0xffff } else { 0x00ff };
+    // SAFETY: `lanes` covers only entries of `xs` (whose length is a multiple of 8).
+    (_mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), lanes, xs.as_ptr().add(first)), lanes)
 }
