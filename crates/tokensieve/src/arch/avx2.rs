@@ -1056,10 +1056,12 @@ unsafe fn add_queued<S: BlockScan>(mut sum: f32, vals: &mut [f32], n: usize, sub
 #[target_feature(enable = "avx2,fma")]
 unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
     debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
-    let scale = ulp_scale(sum);
-    let mut w = [0.0f32; BLOCK];
-    let (total, exact) = increments::<true>(xs, sub, scale.unwrap_or(1.0), &mut w);
-    commit_group(sum, scale.is_some() && exact, total, &w[..xs.len()])
+    add_group_by(
+        sum,
+        xs.len(),
+        |scale| increments_approx(xs, sub, scale),
+        |scale, w| increments::<true>(xs, sub, scale, w),
+    )
 }
 
 /// [`add_group`]'s integer increments over `xs` (a multiple of 8 entries, at most
@@ -1261,20 +1263,43 @@ pub(super) fn ulp_scale(sum: f32) -> Option<f32> {
     (25..=254).contains(&e).then(|| f32::from_bits((277 - e) << 23))
 }
 
-/// The end of [`add_group`] (and of its 16-lane copy): `sum` plus `total` ulps, committed to
-/// its bits where the increments are `exact` (a scale, no tie, no lane out of range) and the
-/// significand has room (see the proof at `add_group`); otherwise the weights `w` added one
-/// by one, as the plain loop does.
-#[inline]
-pub(super) fn commit_group(mut sum: f32, exact: bool, total: u32, w: &[f32]) -> f32 {
-    let bits = sum.to_bits();
-    if exact && total <= (1 << 23) - (bits & 0x7f_ffff) {
-        return f32::from_bits(bits + total);
+/// [`add_group`]'s body (and its 16-lane copy's), given the ISA's increments: `approx` (the
+/// scale; [`increments_approx`]) and `exact` (the scale and room for the weights;
+/// [`increments`] with `STORE`) over the same `len` entries. The approximate increments are
+/// tried first where the scale allows: where they commit, the exact ones give the same total
+/// and flag and would commit the same bits. Otherwise the exact increments, and the plain loop
+/// over their weights where those do not commit either.
+#[inline(always)]
+pub(super) fn add_group_by(
+    mut sum: f32,
+    len: usize,
+    approx: impl FnOnce(f32) -> (u32, bool),
+    exact: impl FnOnce(f32, &mut [f32; BLOCK]) -> (u32, bool),
+) -> f32 {
+    let scale = ulp_scale(sum);
+    if let Some(s) = scale.filter(|&s| s <= APPROX_SCALE_MAX) {
+        if let (total, true) = approx(s) {
+            if let Some(committed) = commit(sum, total) {
+                return committed;
+            }
+        }
     }
-    for &x in w {
+    let mut w = [0.0f32; BLOCK];
+    let (total, exact) = exact(scale.unwrap_or(1.0), &mut w);
+    if let Some(committed) = scale.and(exact.then_some(total)).and_then(|t| commit(sum, t)) {
+        return committed;
+    }
+    for &x in &w[..len] {
         sum += x;
     }
     sum
+}
+
+/// `sum` plus `total` ulps, when the significand has room (see the proof at [`add_group`]).
+#[inline]
+fn commit(sum: f32, total: u32) -> Option<f32> {
+    let bits = sum.to_bits();
+    (total <= (1 << 23) - (bits & 0x7f_ffff)).then(|| f32::from_bits(bits + total))
 }
 
 /// The sum of the 8 lanes (the callers' totals stay below 2^31).

@@ -28,8 +28,8 @@
 //! times as many weights per second as the AVX2 one.
 
 use super::avx2::{
-    self, commit_group, ulp_scale, APPROX_CERTAIN, APPROX_RHO, APPROX_RHO_Y, APPROX_SCALE_MAX, APPROX_Y_MIN, EXP2F_TAB,
-    EXP2_POLY, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT, EXPF_UFLOW, GROUP, INCREMENTS_MAX,
+    self, APPROX_CERTAIN, APPROX_RHO, APPROX_RHO_Y, APPROX_SCALE_MAX, APPROX_Y_MIN, EXP2F_TAB, EXP2_POLY,
+    EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT, EXPF_UFLOW, GROUP, INCREMENTS_MAX,
 };
 use super::{Summary, BLOCK};
 use std::arch::x86_64::*;
@@ -435,10 +435,12 @@ pub(super) unsafe fn expf_each(src: &[f32], out: &mut [f32]) {
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
     debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
-    let scale = ulp_scale(sum);
-    let mut w = [0.0f32; BLOCK];
-    let (total, exact) = increments::<true>(xs, sub, scale.unwrap_or(1.0), &mut w);
-    commit_group(sum, scale.is_some() && exact, total, &w[..xs.len()])
+    avx2::add_group_by(
+        sum,
+        xs.len(),
+        |scale| increments_approx(xs, sub, scale),
+        |scale, w| increments::<true>(xs, sub, scale, w),
+    )
 }
 
 /// The constants of the increments below, set once per call.
