@@ -743,6 +743,7 @@ pub(super) unsafe fn exp_sum_unordered_with<S: BlockScan>(
     let (mut cur, mut n, mut waiting) = (0, 0, 0);
     let mut patch = 0;
     let mut patched = [0.0f32; BLOCK];
+    let mut next_patch = patches.first().map_or(usize::MAX, |p| p.0 as usize);
     for (g, maxima) in block_max.chunks(GROUP).enumerate() {
         let mut passing = match <&[f32; GROUP]>::try_from(maxima) {
             Ok(whole) => S::passing(whole, threshold),
@@ -753,8 +754,14 @@ pub(super) unsafe fn exp_sum_unordered_with<S: BlockScan>(
             passing &= passing - 1;
             let first = (g * GROUP + j) * BLOCK;
             let end = row.len().min(first + BLOCK);
-            let block = if super::block_is_patched(patches, &mut patch, first, end) {
-                super::patch_block(row, first, end, patches, &mut patch, &mut patched)
+            // The next patch at or after `first` (patches in skipped blocks are passed).
+            let block = if next_patch < end {
+                let b = super::patch_block_from(row, first, end, patches, &mut patch, &mut patched);
+                next_patch = patches.get(patch).map_or(usize::MAX, |p| p.0 as usize);
+                b
+            } else if end - first == BLOCK {
+                // SAFETY: `first + BLOCK <= row.len()`.
+                std::slice::from_raw_parts(row.as_ptr().add(first), BLOCK)
             } else {
                 &row[first..end]
             };

@@ -536,6 +536,23 @@ pub(crate) fn block_is_patched(patches: &[(u32, f32)], cursor: &mut usize, first
     patches.get(*cursor).is_some_and(|p| (p.0 as usize) < end)
 }
 
+/// [`patch_block`] for a block that holds a patch or comes after one not yet passed: passes
+/// the patches before `first` (in skipped blocks) first.
+#[inline]
+pub(crate) fn patch_block_from<'a>(
+    row: &[f32],
+    first: usize,
+    end: usize,
+    patches: &[(u32, f32)],
+    cursor: &mut usize,
+    buf: &'a mut [f32; BLOCK],
+) -> &'a [f32] {
+    while patches.get(*cursor).is_some_and(|p| (p.0 as usize) < first) {
+        *cursor += 1;
+    }
+    patch_block(row, first, end, patches, cursor, buf)
+}
+
 /// `row[first..end]` with its patches applied (from `cursor`, which passes them), in `buf`.
 #[inline]
 pub(crate) fn patch_block<'a>(
@@ -1569,10 +1586,15 @@ mod tests {
         let cases = 300;
         for case in 0..cases {
             let len = [40, 64, 1000, 4097, 20_000][case % 5];
+            // Every other row sparse: most blocks below the threshold, skipped whole (with
+            // patches in some of them).
+            let sparse = case % 2 == 1;
             let r: Vec<f32> = (0..len)
-                .map(|_| match rng.below(40) {
+                .map(|_| match rng.below(if sparse { 400 } else { 40 }) {
                     0 => -(rng.next_f64() * 8.0) as f32, // taken out below
                     1 => [-16.0f32, -15.5, -16.635532, -17.0][rng.below(4)],
+                    2 => -12.0 - (rng.next_f64() * 5.0) as f32,
+                    _ if sparse => -17.5 - (rng.next_f64() * 40.0) as f32,
                     _ => -12.0 - (rng.next_f64() * 28.0) as f32,
                 })
                 .collect();
