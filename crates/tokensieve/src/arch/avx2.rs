@@ -151,43 +151,136 @@ impl NanWatch for FirstOperands {
 /// target features `W` needs.
 #[inline(always)]
 pub(super) unsafe fn summarize_with<W: NanWatch>(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
-    let n_blocks = row.len().div_ceil(BLOCK);
+    summarize_from::<W>(row.len(), |start, _| row.as_ptr().add(start), block_max)
+}
+
+/// [`summarize_with`] over a row of `len` entries that `part(start, n)` makes readable, `n`
+/// entries from `start`, returning a pointer to them: the row itself, or a half-precision row
+/// widened part by part (a group of eight blocks, then the rest), so that each part is read
+/// back while it is still in L1.
+#[inline(always)]
+pub(super) unsafe fn summarize_from<W: NanWatch>(
+    len: usize,
+    mut part: impl FnMut(usize, usize) -> *const f32,
+    block_max: &mut Vec<f32>,
+) -> Summary {
+    let n_blocks = len.div_ceil(BLOCK);
     block_max.resize(n_blocks, f32::NEG_INFINITY);
     let out = &mut block_max[..n_blocks];
     let mut watch = W::new();
     let mut best_v = _mm256_set1_ps(f32::NEG_INFINITY);
-    let groups = row.chunks_exact(8 * BLOCK);
-    let rest = groups.remainder();
-    let mut b = 0;
-    for g in groups {
+    let groups = len / (8 * BLOCK);
+    for b in (0..groups).map(|g| 8 * g) {
+        let g = part(b * BLOCK, 8 * BLOCK);
         let mut roots = [_mm256_setzero_ps(); 8];
         for (k, root) in roots.iter_mut().enumerate() {
-            // SAFETY: `g` holds 8 blocks of BLOCK = 64 floats.
-            *root = watch.block_kept(g.as_ptr().add(k * BLOCK));
+            // SAFETY: `g` points to 8 blocks of BLOCK = 64 floats.
+            *root = watch.block_kept(g.add(k * BLOCK));
         }
         let v = hmax8(&roots);
         // SAFETY: `b + 8 <= n_blocks`: this group's blocks are whole.
         _mm256_storeu_ps(out.as_mut_ptr().add(b), v);
         best_v = _mm256_max_ps(best_v, v);
-        b += 8;
     }
     let mut best = hmax(best_v);
-    for c in rest.chunks(BLOCK) {
-        // A short tail is padded with its own first entry, which changes neither its maximum
-        // nor its NaN status (`-inf` could meet a `+inf` in the sum: a false alarm).
-        let mut buf = [c[0]; BLOCK];
-        buf[..c.len()].copy_from_slice(c);
-        // SAFETY: `buf` holds BLOCK = 64 floats.
-        let r = watch.block_kept(buf.as_ptr());
-        out[b] = hmax(r);
-        best = best.max(out[b]);
-        b += 1;
+    let done = groups * 8 * BLOCK;
+    if done < len {
+        // SAFETY: `part` makes the `len - done` entries from `done` readable.
+        let rest = std::slice::from_raw_parts(part(done, len - done), len - done);
+        for (c, b) in rest.chunks(BLOCK).zip(groups * 8..) {
+            // A short tail is padded with its own first entry, which changes neither its
+            // maximum nor its NaN status (`-inf` could meet a `+inf` in the sum: a false alarm).
+            let mut buf = [c[0]; BLOCK];
+            buf[..c.len()].copy_from_slice(c);
+            // SAFETY: `buf` holds BLOCK = 64 floats.
+            let r = watch.block_kept(buf.as_ptr());
+            out[b] = hmax(r);
+            best = best.max(out[b]);
+        }
     }
     // The first block holding the maximum (`==`, so either zero matches the other).
     let best_block = first_eq(out, best).unwrap_or(0);
     let best = out.get(best_block).copied().unwrap_or(f32::NEG_INFINITY);
     let suspect = watch.seen() || best == f32::INFINITY;
     Summary { max: best, max_block: best_block, suspect }
+}
+
+/// See [`super::widen_summarize_f16`]: [`widen_f16`] part by part inside [`summarize`].
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `out` must hold `src.len()` entries.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn widen_summarize_f16(src: &[half::f16], out: &mut [f32], block_max: &mut Vec<f32>) -> Summary {
+    widen_summarize_f16_with::<FirstOperands>(src, out, block_max)
+}
+
+/// See [`super::widen_summarize_bf16`]: [`widen_bf16`] part by part inside [`summarize`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `out` must hold `src.len()` entries.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn widen_summarize_bf16(src: &[half::bf16], out: &mut [f32], block_max: &mut Vec<f32>) -> Summary {
+    widen_summarize_bf16_with::<FirstOperands>(src, out, block_max)
+}
+
+/// [`widen_summarize_f16`] with the NaN watch `W` (inlined into callers with F16C enabled).
+#[inline(always)]
+pub(super) unsafe fn widen_summarize_f16_with<W: NanWatch>(
+    src: &[half::f16],
+    out: &mut [f32],
+    block_max: &mut Vec<f32>,
+) -> Summary {
+    assert_eq!(out.len(), src.len(), "widen_summarize_f16: wrong output length");
+    let o = out.as_mut_ptr();
+    summarize_from::<W>(
+        src.len(),
+        |start, n| {
+            // SAFETY: `start + n <= src.len() == out.len()`, and nothing else holds `out`.
+            widen_f16(&src[start..start + n], std::slice::from_raw_parts_mut(o.add(start), n));
+            o.add(start)
+        },
+        block_max,
+    )
+}
+
+/// [`widen_summarize_bf16`] with the NaN watch `W`.
+#[inline(always)]
+pub(super) unsafe fn widen_summarize_bf16_with<W: NanWatch>(
+    src: &[half::bf16],
+    out: &mut [f32],
+    block_max: &mut Vec<f32>,
+) -> Summary {
+    assert_eq!(out.len(), src.len(), "widen_summarize_bf16: wrong output length");
+    let o = out.as_mut_ptr();
+    summarize_from::<W>(
+        src.len(),
+        |start, n| {
+            // SAFETY: as in `widen_summarize_f16_with`.
+            widen_bf16(&src[start..start + n], std::slice::from_raw_parts_mut(o.add(start), n));
+            o.add(start)
+        },
+        block_max,
+    )
+}
+
+/// [`super::widen_bf16`] on 8 values per step: a bf16 is the top half of an f32.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `out` must hold `src.len()` entries.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub unsafe fn widen_bf16(src: &[half::bf16], out: &mut [f32]) {
+    let chunks = src.chunks_exact(8);
+    let tail = chunks.remainder();
+    let mut outs = out.chunks_exact_mut(8);
+    for (c, o) in chunks.zip(&mut outs) {
+        // SAFETY: `c` holds 8 bf16 (16 bytes) and `o` 8 f32; unaligned load and store.
+        let h = _mm_loadu_si128(c.as_ptr() as *const __m128i);
+        _mm256_storeu_si256(o.as_mut_ptr() as *mut __m256i, _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+    }
+    for (o, h) in outs.into_remainder().iter_mut().zip(tail) {
+        *o = f32::from_bits((h.to_bits() as u32) << 16);
+    }
 }
 
 /// The first index `i` with `values[i] == x`.
@@ -302,6 +395,7 @@ pub(super) unsafe fn locate_max_with<W: NanWatch>(row: &[f32]) -> Summary {
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C (see the module docs).
 #[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
 pub unsafe fn widen_f16(src: &[half::f16], out: &mut [f32]) {
     let chunks = src.chunks_exact(8);
     let tail = chunks.remainder();

@@ -143,6 +143,69 @@ pub fn widen_bf16(src: &[half::bf16], out: &mut Vec<f32>) {
     }
 }
 
+/// [`widen_f16`] into `out`, then [`summarize`] of `out` into `block_max`: the same results,
+/// in one pass on CPUs with the SIMD kernels. Each group of blocks is widened and summarized
+/// while it is still in L1, instead of the whole widened row being written out and read back.
+///
+/// ```
+/// use half::f16;
+/// use tokensieve::arch::{summarize, widen_summarize_f16};
+/// let src: Vec<f16> = (0..1000).map(|i| f16::from_f32((i % 37) as f32 - 20.0)).collect();
+/// let (mut out, mut block_max) = (Vec::new(), Vec::new());
+/// let s = widen_summarize_f16(&src, &mut out, &mut block_max);
+/// assert_eq!(s.max, 16.0);
+/// let mut again = Vec::new();
+/// assert_eq!(summarize(&out, &mut again), s);
+/// assert_eq!(again, block_max);
+/// ```
+pub fn widen_summarize_f16(src: &[half::f16], out: &mut Vec<f32>, block_max: &mut Vec<f32>) -> Summary {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let c = caps();
+        if c.f16c {
+            out.resize(src.len(), 0.0);
+            block_max.clear();
+            // SAFETY: `f16c` is only set after AVX2, FMA and F16C were detected at runtime,
+            // `avx512vl` only beside them when AVX-512F and AVX-512VL were too; `out` was
+            // resized to `src.len()`.
+            return unsafe {
+                if c.avx512vl {
+                    avx512::widen_summarize_f16(src, out, block_max)
+                } else {
+                    avx2::widen_summarize_f16(src, out, block_max)
+                }
+            };
+        }
+    }
+    widen_f16(src, out);
+    summarize(out, block_max)
+}
+
+/// [`widen_bf16`] into `out`, then [`summarize`] of `out` into `block_max`, in one pass on CPUs
+/// with the SIMD kernels (see [`widen_summarize_f16`]).
+pub fn widen_summarize_bf16(src: &[half::bf16], out: &mut Vec<f32>, block_max: &mut Vec<f32>) -> Summary {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let c = caps();
+        if c.isa == Isa::Avx2 {
+            out.resize(src.len(), 0.0);
+            block_max.clear();
+            // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime,
+            // `avx512vl` only beside them when AVX-512F and AVX-512VL were too; `out` was
+            // resized to `src.len()`.
+            return unsafe {
+                if c.avx512vl {
+                    avx512::widen_summarize_bf16(src, out, block_max)
+                } else {
+                    avx2::widen_summarize_bf16(src, out, block_max)
+                }
+            };
+        }
+    }
+    widen_bf16(src, out);
+    summarize(out, block_max)
+}
+
 /// The instruction set detected on this CPU (once; cached).
 pub fn isa() -> Isa {
     caps().isa
@@ -1177,6 +1240,52 @@ mod tests {
                     prop_assert_eq!(s4.max_block, first / BLOCK);
                     prop_assert_eq!(&bm4, &bm);
                 }
+            }
+        }
+
+        /// Widening and summarizing at once gives the two calls' row, block maxima and summary,
+        /// for f16 and bf16 rows of every length class (tails off the 8-block groups), NaN and
+        /// infinities included; on CPUs with AVX2 each SIMD kernel is checked too.
+        #[test]
+        fn widen_summarize_is_widen_then_summarize(r in prop_oneof![row(), locate_row()], special in any::<prop::sample::Index>(), which in 0..4u8) {
+            let mut r = r;
+            let i = special.index(r.len());
+            r[i] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, r[i]][which as usize];
+            let h: Vec<half::f16> = r.iter().map(|&x| half::f16::from_f32(x)).collect();
+            let b: Vec<half::bf16> = r.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            let (mut want_row, mut want_bm) = (Vec::new(), Vec::new());
+            let (mut got_row, mut got_bm) = (vec![1.0f32; 3], vec![2.0f32; 5]);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            widen_f16(&h, &mut want_row);
+            let want = summarize(&want_row, &mut want_bm);
+            let got = widen_summarize_f16(&h, &mut got_row, &mut got_bm);
+            prop_assert_eq!(bits(&got_row), bits(&want_row));
+            prop_assert_eq!(bits(&got_bm), bits(&want_bm));
+            prop_assert_eq!((got.max.to_bits(), got.max_block, got.suspect), (want.max.to_bits(), want.max_block, want.suspect));
+            widen_bf16(&b, &mut want_row);
+            let want = summarize(&want_row, &mut want_bm);
+            let got = widen_summarize_bf16(&b, &mut got_row, &mut got_bm);
+            prop_assert_eq!(bits(&got_row), bits(&want_row));
+            prop_assert_eq!(bits(&got_bm), bits(&want_bm));
+            prop_assert_eq!((got.max.to_bits(), got.max_block, got.suspect), (want.max.to_bits(), want.max_block, want.suspect));
+            #[cfg(target_arch = "x86_64")]
+            if caps().f16c {
+                let n = r.len();
+                let (mut row2, mut bm2) = (vec![0.0f32; n], Vec::new());
+                // SAFETY: `f16c` implies AVX2, FMA and F16C were detected; `row2` holds `n`.
+                let s2 = unsafe { avx2::widen_summarize_f16(&h, &mut row2, &mut bm2) };
+                widen_f16(&h, &mut want_row);
+                let want = summarize(&want_row, &mut want_bm);
+                prop_assert_eq!(bits(&row2), bits(&want_row));
+                prop_assert_eq!(bits(&bm2), bits(&want_bm));
+                prop_assert_eq!((s2.max.to_bits(), s2.max_block), (want.max.to_bits(), want.max_block));
+                // SAFETY: as above (AVX2 and FMA).
+                let s3 = unsafe { avx2::widen_summarize_bf16(&b, &mut row2, &mut bm2) };
+                widen_bf16(&b, &mut want_row);
+                let want = summarize(&want_row, &mut want_bm);
+                prop_assert_eq!(bits(&row2), bits(&want_row));
+                prop_assert_eq!(bits(&bm2), bits(&want_bm));
+                prop_assert_eq!((s3.max.to_bits(), s3.max_block), (want.max.to_bits(), want.max_block));
             }
         }
 

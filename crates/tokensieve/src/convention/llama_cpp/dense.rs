@@ -212,27 +212,30 @@ pub(crate) fn prepare(
     }
     let mut widened = std::mem::take(&mut s.widened);
     // PERF: element by element through `Logits::for_each`, widening cost ~50x the floor at
-    // V = 128k; the arch kernels convert 8 values per instruction.
-    let r: &[f32] = match row {
-        Logits::F32(r) => r,
+    // V = 128k; the arch kernels convert 8 values per instruction, and summarize each part of
+    // the widened row while it is in L1 (one pass over memory instead of two).
+    let (r, summary): (&[f32], _) = match row {
+        Logits::F32(r) => (r, None),
         Logits::F16(h) => {
-            arch::widen_f16(h, &mut widened);
-            &widened
+            let summary = arch::widen_summarize_f16(h, &mut widened, &mut s.block_max);
+            (&widened, Some(summary))
         }
         Logits::Bf16(b) => {
-            arch::widen_bf16(b, &mut widened);
-            &widened
+            let summary = arch::widen_summarize_bf16(b, &mut widened, &mut s.block_max);
+            (&widened, Some(summary))
         }
     };
-    let out = prepare_f32(stages, row, r, c, s, need);
+    let out = prepare_f32(stages, row, (r, summary), c, s, need);
     s.widened = widened;
     out
 }
 
+/// [`prepare`] on the row as f32, with its [`arch::summarize`] when the widening computed it
+/// (`s.block_max` holding the block maxima then).
 fn prepare_f32(
     stages: &mut [Stage],
     row: Logits<'_>,
-    r: &[f32],
+    (r, known): (&[f32], Option<arch::Summary>),
     c: &mut Candidates,
     s: &mut Scratch,
     need: Need,
@@ -244,7 +247,13 @@ fn prepare_f32(
     if need == Need::Token
         && matches!(stages.iter().find(|st| !st.is_inert()), Some(Stage::Greedy(_) | Stage::HfGreedy(_)))
     {
-        let summary = arch::locate_max(r);
+        let summary = match known {
+            Some(summary) => summary,
+            None => {
+                s.block_max.clear(); // not computed: `raw_logprobs` fills it if asked
+                arch::locate_max(r)
+            }
+        };
         if summary.suspect {
             if let Err(e) = row.validate() {
                 c.begin(0);
@@ -252,12 +261,14 @@ fn prepare_f32(
             }
         }
         s.overlay.clear();
-        s.block_max.clear(); // not computed: `raw_logprobs` fills it if asked
         s.summary = Some(summary);
         s.path = Path::Fast("greedy");
         return greedy(r, summary, s, c).map(Prepared::Selected);
     }
-    let summary = arch::summarize(r, &mut s.block_max);
+    let summary = match known {
+        Some(summary) => summary,
+        None => arch::summarize(r, &mut s.block_max),
+    };
     if summary.suspect {
         if let Err(e) = row.validate() {
             c.begin(0);
