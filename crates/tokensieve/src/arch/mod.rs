@@ -22,6 +22,8 @@
 //!   the maximum, the first [`BLOCK`] holding it, and the maximum of every block. The block
 //!   maxima are what lets the fast paths in
 //!   [`convention::llama_cpp::dense`](crate::convention::llama_cpp::dense) skip most of the row.
+//!   [`widen_summarize_f16`] and [`widen_summarize_bf16`] widen a half-precision row and
+//!   summarize it in the same pass.
 //! * [`locate_max`]: [`summarize`] without the block maxima (validation, the maximum and its
 //!   first block), in fewer operations per entry: all that `greedy` needs.
 //! * [`argmax`]: the first index of the maximum.
@@ -51,6 +53,14 @@
 //! `exp_replica_is_exhaustively_exact` test, a few seconds in release builds).
 //! Its domain is `x <= 0` (and `-inf`), which is all the samplers need: `x` is a logit minus
 //! the maximum.
+//!
+//! The f32 softmax sums ([`exp_sum_sequential`], [`exp_sum_unordered`]) need each weight only
+//! through its rounded increment to the running sum, a whole number of the sum's ulps. They
+//! take it from the quintic of [`exp_block_sums_approx`] wherever a certificate (the weight's
+//! error bound against the distance to a rounding tie) shows it is the exact weight's, and
+//! from the replica for the other lanes: the same sums, bit for bit. The increments then cost
+//! about 0.6 of the replica's (0.43 against 0.73 ns per weight with AVX-512, weights of a
+//! language-model row's tail, in a throwaway harness).
 //!
 //! # The f64 `exp`
 //!
