@@ -51,7 +51,8 @@ pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
 /// entries.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 pub unsafe fn widen_summarize_f16(src: &[half::f16], out: &mut [f32], block_max: &mut Vec<f32>) -> Summary {
-    avx2::widen_summarize_f16_with::<OrderedMasks>(src, out, block_max)
+    // SAFETY (closure): this function's features include `widen_f16`'s.
+    avx2::widen_summarize_with::<OrderedMasks, _>(src, out, block_max, |s, o| unsafe { avx2::widen_f16(s, o) })
 }
 
 /// See [`super::widen_summarize_bf16`]: [`super::avx2`]'s kernel, with the NaN watch of
@@ -61,7 +62,8 @@ pub unsafe fn widen_summarize_f16(src: &[half::f16], out: &mut [f32], block_max:
 /// The CPU must support AVX-512F, AVX-512VL, AVX2 and FMA; `out` must hold `src.len()` entries.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 pub unsafe fn widen_summarize_bf16(src: &[half::bf16], out: &mut [f32], block_max: &mut Vec<f32>) -> Summary {
-    avx2::widen_summarize_bf16_with::<OrderedMasks>(src, out, block_max)
+    // SAFETY (closure): this function's features include `widen_bf16`'s.
+    avx2::widen_summarize_with::<OrderedMasks, _>(src, out, block_max, |s, o| unsafe { avx2::widen_bf16(s, o) })
 }
 
 /// See [`super::locate_max`]: [`super::avx2`]'s kernel, with the NaN watch of `OrderedMasks`.
