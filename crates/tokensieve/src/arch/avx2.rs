@@ -819,9 +819,8 @@ pub(super) unsafe fn exp_sum_unordered_with<S: BlockScan>(
     // so its entries are not loaded right after their overlapping stores.
     let mut queues = [[f32::NEG_INFINITY; QUEUE + BLOCK + 8]; 2];
     let (mut cur, mut n, mut waiting) = (0, 0, 0);
-    let mut patch = 0;
+    let mut patch = super::PatchCursor::new(patches);
     let mut patched = [0.0f32; BLOCK];
-    let mut next_patch = patches.first().map_or(usize::MAX, |p| p.0 as usize);
     for (g, maxima) in block_max.chunks(GROUP).enumerate() {
         let mut passing = match <&[f32; GROUP]>::try_from(maxima) {
             Ok(whole) => S::passing(whole, threshold),
@@ -832,11 +831,8 @@ pub(super) unsafe fn exp_sum_unordered_with<S: BlockScan>(
             passing &= passing - 1;
             let first = (g * GROUP + j) * BLOCK;
             let end = row.len().min(first + BLOCK);
-            // The next patch at or after `first` (patches in skipped blocks are passed).
-            let block = if next_patch < end {
-                let b = super::patch_block_from(row, first, end, patches, &mut patch, &mut patched);
-                next_patch = patches.get(patch).map_or(usize::MAX, |p| p.0 as usize);
-                b
+            let block = if patch.in_block(first, end) {
+                patch.apply(row, first, end, &mut patched)
             } else if end - first == BLOCK {
                 // SAFETY: `first + BLOCK <= row.len()`.
                 std::slice::from_raw_parts(row.as_ptr().add(first), BLOCK)
@@ -1000,8 +996,8 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
     let mut cur = 0;
     let mut n = 0;
     let mut waiting = 0;
-    // The next patch not yet applied, and the buffer a patched block is read from.
-    let mut patch = 0;
+    // The patches not yet applied, and the buffer a patched block is read from.
+    let mut patch = super::PatchCursor::new(patches);
     let mut patched = [0.0f32; BLOCK];
     // Raises `bound` (and `threshold`) to `log_half_ulp(lower)` for a new lower bound `lower`
     // of the running sum.
@@ -1025,7 +1021,7 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
             let bm = maxima[j];
             let first = (g * GROUP + j) * BLOCK;
             let end = row.len().min(first + BLOCK);
-            let is_patched = super::block_is_patched(patches, &mut patch, first, end);
+            let is_patched = patch.in_block(first, end);
             // A patched block's maximum may be gone from the sum: it bounds the block (for the
             // skip) but is no weight the sum has seen.
             if bm > prefix_max && !is_patched {
@@ -1036,11 +1032,7 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
             if bm < threshold {
                 continue;
             }
-            let block = if is_patched {
-                super::patch_block(row, first, end, patches, &mut patch, &mut patched)
-            } else {
-                &row[first..end]
-            };
+            let block = if is_patched { patch.apply(row, first, end, &mut patched) } else { &row[first..end] };
             if let Ok(whole) = <&[f32; BLOCK]>::try_from(block) {
                 let (masks, count) = S::select(whole, threshold);
                 if count >= DENSE {

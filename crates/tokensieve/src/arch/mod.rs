@@ -170,50 +170,62 @@ pub fn widen_bf16(src: &[half::bf16], out: &mut Vec<f32>) {
 /// ```
 pub fn widen_summarize_f16(src: &[half::f16], out: &mut Vec<f32>, block_max: &mut Vec<f32>) -> Summary {
     #[cfg(target_arch = "x86_64")]
-    {
+    let kernel: Option<FusedWiden<half::f16>> = {
         let c = caps();
-        if c.f16c {
-            out.resize(src.len(), 0.0);
-            block_max.clear();
-            // SAFETY: `f16c` is only set after AVX2, FMA and F16C were detected at runtime,
-            // `avx512vl` only beside them when AVX-512F and AVX-512VL were too; `out` was
-            // resized to `src.len()`.
-            return unsafe {
-                if c.avx512vl {
-                    avx512::widen_summarize_f16(src, out, block_max)
-                } else {
-                    avx2::widen_summarize_f16(src, out, block_max)
-                }
-            };
-        }
-    }
-    widen_f16(src, out);
-    summarize(out, block_max)
+        // `f16c` is only set after AVX2, FMA and F16C were detected at runtime, `avx512vl` only
+        // beside them when AVX-512F and AVX-512VL were too.
+        c.f16c.then_some(if c.avx512vl { avx512::widen_summarize_f16 } else { avx2::widen_summarize_f16 })
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let kernel = None;
+    widen_summarize_by(src, out, block_max, kernel, widen_f16)
 }
 
 /// [`widen_bf16`] into `out`, then [`summarize`] of `out` into `block_max`, in one pass on CPUs
 /// with the SIMD kernels (see [`widen_summarize_f16`]).
 pub fn widen_summarize_bf16(src: &[half::bf16], out: &mut Vec<f32>, block_max: &mut Vec<f32>) -> Summary {
     #[cfg(target_arch = "x86_64")]
-    {
+    let kernel: Option<FusedWiden<half::bf16>> = {
         let c = caps();
-        if c.isa == Isa::Avx2 {
+        // `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime, `avx512vl`
+        // only beside them when AVX-512F and AVX-512VL were too.
+        (c.isa == Isa::Avx2).then_some(if c.avx512vl {
+            avx512::widen_summarize_bf16
+        } else {
+            avx2::widen_summarize_bf16
+        })
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let kernel = None;
+    widen_summarize_by(src, out, block_max, kernel, widen_bf16)
+}
+
+/// A fused widen-and-summarize kernel: its CPU features must have been detected, and the
+/// output must hold as many entries as the source.
+type FusedWiden<T> = unsafe fn(&[T], &mut [f32], &mut Vec<f32>) -> Summary;
+
+/// The body of the `widen_summarize_*` functions: `kernel` where this CPU runs one (chosen by
+/// the caller after detection), else `widen` then [`summarize`].
+fn widen_summarize_by<T>(
+    src: &[T],
+    out: &mut Vec<f32>,
+    block_max: &mut Vec<f32>,
+    kernel: Option<FusedWiden<T>>,
+    widen: fn(&[T], &mut Vec<f32>),
+) -> Summary {
+    match kernel {
+        Some(kernel) => {
             out.resize(src.len(), 0.0);
             block_max.clear();
-            // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime,
-            // `avx512vl` only beside them when AVX-512F and AVX-512VL were too; `out` was
-            // resized to `src.len()`.
-            return unsafe {
-                if c.avx512vl {
-                    avx512::widen_summarize_bf16(src, out, block_max)
-                } else {
-                    avx2::widen_summarize_bf16(src, out, block_max)
-                }
-            };
+            // SAFETY: the caller chose `kernel` only after its features were detected; `out`
+            // was resized to `src.len()`.
+            unsafe { kernel(src, out, block_max) }
+        }
+        None => {
+            widen(src, out);
+            summarize(out, block_max)
         }
     }
-    widen_bf16(src, out);
-    summarize(out, block_max)
 }
 
 /// The instruction set detected on this CPU (once; cached).
@@ -598,51 +610,52 @@ fn check_sum_args(name: &str, row: &[f32], block_max: &[f32], patches: &[(u32, f
     debug_assert!(patches.iter().all(|&(i, v)| v <= row[i as usize]), "{name}: a patch may only lower an entry");
 }
 
-/// For the sequential sums, which visit blocks in increasing order: whether a patch falls in
-/// `row[first..end]`. `cursor` is the first patch not yet passed; patches before `first` (in
-/// skipped blocks, where they only lowered entries already below the threshold) are passed.
-#[inline]
-pub(crate) fn block_is_patched(patches: &[(u32, f32)], cursor: &mut usize, first: usize, end: usize) -> bool {
-    while patches.get(*cursor).is_some_and(|p| (p.0 as usize) < first) {
-        *cursor += 1;
-    }
-    patches.get(*cursor).is_some_and(|p| (p.0 as usize) < end)
+/// The patches of a sequential sum, passed block by block as the sums visit blocks in
+/// increasing order. The index of the next patch not yet passed is kept, so an unpatched block
+/// costs one comparison; patches in skipped blocks (which only lowered entries already below
+/// the threshold) are passed when a later block is asked about.
+pub(crate) struct PatchCursor<'a> {
+    patches: &'a [(u32, f32)],
+    /// The first patch not yet passed, and its index in the row (`usize::MAX` past the end).
+    at: usize,
+    next: usize,
 }
 
-/// [`patch_block`] for a block that holds a patch or comes after one not yet passed: passes
-/// the patches before `first` (in skipped blocks) first.
-#[inline]
-pub(crate) fn patch_block_from<'a>(
-    row: &[f32],
-    first: usize,
-    end: usize,
-    patches: &[(u32, f32)],
-    cursor: &mut usize,
-    buf: &'a mut [f32; BLOCK],
-) -> &'a [f32] {
-    while patches.get(*cursor).is_some_and(|p| (p.0 as usize) < first) {
-        *cursor += 1;
+impl<'a> PatchCursor<'a> {
+    pub(crate) fn new(patches: &'a [(u32, f32)]) -> Self {
+        Self { patches, at: 0, next: patches.first().map_or(usize::MAX, |p| p.0 as usize) }
     }
-    patch_block(row, first, end, patches, cursor, buf)
-}
 
-/// `row[first..end]` with its patches applied (from `cursor`, which passes them), in `buf`.
-#[inline]
-pub(crate) fn patch_block<'a>(
-    row: &[f32],
-    first: usize,
-    end: usize,
-    patches: &[(u32, f32)],
-    cursor: &mut usize,
-    buf: &'a mut [f32; BLOCK],
-) -> &'a [f32] {
-    let block = &mut buf[..end - first];
-    block.copy_from_slice(&row[first..end]);
-    while let Some(&(i, v)) = patches.get(*cursor).filter(|p| (p.0 as usize) < end) {
-        block[i as usize - first] = v;
-        *cursor += 1;
+    fn advance(&mut self) {
+        self.at += 1;
+        self.next = self.patches.get(self.at).map_or(usize::MAX, |p| p.0 as usize);
     }
-    block
+
+    /// Whether a patch falls in `row[first..end]` (blocks asked in increasing order).
+    #[inline]
+    pub(crate) fn in_block(&mut self, first: usize, end: usize) -> bool {
+        if self.next >= end {
+            return false;
+        }
+        while self.next < first {
+            self.advance();
+        }
+        self.next < end
+    }
+
+    /// `row[first..end]` with its patches applied, in `buf`, once [`in_block`](Self::in_block)
+    /// said it has some; they are passed.
+    #[inline]
+    pub(crate) fn apply<'b>(&mut self, row: &[f32], first: usize, end: usize, buf: &'b mut [f32; BLOCK]) -> &'b [f32] {
+        debug_assert!(self.next >= first, "apply before in_block");
+        let block = &mut buf[..end - first];
+        block.copy_from_slice(&row[first..end]);
+        while self.next < end {
+            block[self.next - first] = self.patches[self.at].1;
+            self.advance();
+        }
+        block
+    }
 }
 
 /// Natural log of half an ulp of a non-negative f32 `sum`, minus a margin of 0.01 that covers
@@ -979,17 +992,14 @@ pub mod portable {
     pub fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> f32 {
         let mut sum = start;
         let mut bound = super::log_half_ulp(sum);
-        let (mut patch, mut buf) = (0, [0.0f32; BLOCK]);
+        let (mut patch, mut buf) = (super::PatchCursor::new(patches), [0.0f32; BLOCK]);
         for (b, &bm) in block_max.iter().enumerate() {
             if bm - sub < bound {
                 continue;
             }
             let (first, end) = (b * BLOCK, row.len().min(b * BLOCK + BLOCK));
-            let block = if super::block_is_patched(patches, &mut patch, first, end) {
-                super::patch_block(row, first, end, patches, &mut patch, &mut buf)
-            } else {
-                &row[first..end]
-            };
+            let block =
+                if patch.in_block(first, end) { patch.apply(row, first, end, &mut buf) } else { &row[first..end] };
             let threshold = super::skip_threshold(sub, bound);
             for &x in block {
                 if x >= threshold {
