@@ -395,6 +395,26 @@ unsafe fn expf16(x: __m512, c: &ExpfConsts) -> __m512 {
     _mm512_maskz_mov_ps(!under, _mm512_castpd_ps(y))
 }
 
+/// See [`super::exp_shifted`]: [`super::avx2`]'s kernel with the weights computed 16 at a
+/// time (the same value lane for lane); the tail is one masked vector.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2 and FMA.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub unsafe fn exp_shifted(src: &[f32], div: f32, sub: f32, out: &mut [f32]) {
+    let c = ExpfConsts::new();
+    let (d, s) = (_mm512_set1_ps(div), _mm512_set1_ps(sub));
+    let n = src.len().min(out.len());
+    for first in (0..n).step_by(16) {
+        let lanes = if n - first >= 16 { 0xffff } else { (1u16 << (n - first)) - 1 };
+        // SAFETY: `lanes` covers only the `min(16, n - first)` entries from `first`, which both
+        // slices hold.
+        let x = _mm512_maskz_loadu_ps(lanes, src.as_ptr().add(first));
+        let w = expf16(_mm512_sub_ps(_mm512_div_ps(x, d), s), &c);
+        _mm512_mask_storeu_ps(out.as_mut_ptr().add(first), lanes, w);
+    }
+}
+
 /// See [`super::exp_block_sums`]: [`super::avx2`]'s kernel with the weights computed 16 at a
 /// time. The f64 accumulation is the same lane for lane: one 8-lane accumulator whose low half
 /// is AVX2's `lo` (entries `8j..8j + 4`) and high half its `hi` (`8j + 4..8j + 8`), each group
@@ -430,23 +450,6 @@ pub unsafe fn exp_block_sums(src: &[f32], div: f32, sub: f32, out: &mut [f64]) {
             sum += (x / div - sub).exp() as f64;
         }
         *o = sum;
-    }
-}
-
-/// `expf(x)` for each `x` of `src` (each `<= 0` or `-inf`) into `out`, with [`expf16`], for
-/// the tests.
-///
-/// # Safety
-/// The CPU must support AVX-512F, AVX2 and FMA.
-#[cfg(test)]
-#[target_feature(enable = "avx512f,avx2,fma")]
-pub(super) unsafe fn expf_each(src: &[f32], out: &mut [f32]) {
-    let c = ExpfConsts::new();
-    for (s, o) in src.chunks(16).zip(out.chunks_mut(16)) {
-        let lanes = ((1u32 << s.len()) - 1) as u16;
-        // SAFETY: the masked load and store touch only the `s.len() <= 16` lanes of `s`, `o`.
-        let x = _mm512_mask_loadu_ps(_mm512_setzero_ps(), lanes, s.as_ptr());
-        _mm512_mask_storeu_ps(o.as_mut_ptr(), lanes, expf16(x, &c));
     }
 }
 

@@ -438,8 +438,12 @@ pub fn exp_shifted(src: &[f32], div: f32, sub: f32, out: &mut [f32]) {
     let c = caps();
     if c.exact_exp {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `exact_exp` is only set after AVX2 and FMA were detected at runtime.
+        // SAFETY: `exact_exp` is only set after AVX2 and FMA were detected at runtime,
+        // `avx512` only beside them when AVX-512F was too.
         unsafe {
+            if c.avx512 {
+                return avx512::exp_shifted(src, div, sub, out);
+            }
             return avx2::exp_shifted(src, div, sub, out);
         }
     }
@@ -1514,6 +1518,18 @@ mod tests {
             let mut got = vec![0.0; r.len()];
             exp_shifted(&r, div, sub, &mut got);
             prop_assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            #[cfg(target_arch = "x86_64")]
+            if vectorised_exp() {
+                // Both SIMD kernels, whichever the dispatch picked, with this `div` and `sub`.
+                // SAFETY: `vectorised_exp` implies AVX2 and FMA were detected.
+                unsafe { avx2::exp_shifted(&r, div, sub, &mut got) };
+                prop_assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                if avx512_available() {
+                    // SAFETY: AVX-512F, AVX2 and FMA were detected just above.
+                    unsafe { avx512::exp_shifted(&r, div, sub, &mut got) };
+                    prop_assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                }
+            }
             prop_assert_eq!(exp_shifted_sum(&r, div, sub).to_bits(), sum.to_bits());
         }
     }
@@ -1648,14 +1664,19 @@ mod tests {
 
     type ExpfKernel = fn(&[f32], &mut [f32]);
 
-    /// The exact `expf` replicas this CPU runs: the dispatched `exp_shifted` (AVX2's 8 lanes
-    /// or the platform's `expf`) and, with AVX-512, the 16-lane one behind the sequential sum.
+    /// The exact `expf` replicas this CPU runs: the dispatched `exp_shifted` (the platform's
+    /// `expf`, AVX2's 8 lanes or AVX-512's 16) and each SIMD kernel directly (the dispatch picks
+    /// only one).
     fn exact_expf_kernels() -> Vec<(&'static str, ExpfKernel)> {
         let mut kernels: Vec<(&'static str, ExpfKernel)> = vec![("dispatched", |x, o| exp_shifted(x, 1.0, 0.0, o))];
         #[cfg(target_arch = "x86_64")]
-        if vectorised_exp() && avx512_available() {
-            // SAFETY: AVX-512F, AVX2 and FMA were detected just above.
-            kernels.push(("avx512", |x, o| unsafe { avx512::expf_each(x, o) }));
+        if vectorised_exp() {
+            // SAFETY: `vectorised_exp` implies AVX2 and FMA were detected.
+            kernels.push(("avx2", |x, o| unsafe { avx2::exp_shifted(x, 1.0, 0.0, o) }));
+            if avx512_available() {
+                // SAFETY: AVX-512F, AVX2 and FMA were detected just above.
+                kernels.push(("avx512", |x, o| unsafe { avx512::exp_shifted(x, 1.0, 0.0, o) }));
+            }
         }
         kernels
     }
