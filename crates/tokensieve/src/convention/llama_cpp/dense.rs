@@ -449,12 +449,19 @@ fn nth_largest(values: &[f32], need: usize, heap: &mut Vec<f32>) -> Option<f32> 
 /// this `need` before, counting with one SIMD pass over the block maxima (a few percent of
 /// the row's cost), then bisects the gap a few times; selects exactly if that does not settle.
 fn threshold(need: usize, max: f32, s: &mut Scratch) -> Option<f32> {
+    threshold_near(need, max, None, s)
+}
+
+/// [`threshold`], starting from the gap `seed` if given, which is then not remembered either
+/// (a `need` met once, whose gap would push out one that recurs).
+fn threshold_near(need: usize, max: f32, seed: Option<f32>, s: &mut Scratch) -> Option<f32> {
     let blocks = s.block_max.len();
     if need == 0 || need > blocks {
         return None;
     }
     let slot = s.gaps.iter().position(|g| g.0 == need);
-    let mut gap = slot.map_or(4.0, |i| s.gaps[i].1);
+    let mut gap = seed.or(slot.map(|i| s.gaps[i].1)).unwrap_or(4.0);
+    let keep = seed.is_none();
     if need * 4 <= blocks && max.is_finite() {
         // Gaps known to give too few (`lo`) and too many (`hi`) blocks.
         let (mut lo, mut hi) = (0.0f32, f32::INFINITY);
@@ -462,7 +469,9 @@ fn threshold(need: usize, max: f32, s: &mut Scratch) -> Option<f32> {
             let tau = max - gap;
             let n = arch::count_ge(&s.block_max, tau);
             if n >= need && n <= need + need / 4 + 8 {
-                remember(s, slot, need, gap);
+                if keep {
+                    remember(s, slot, need, gap);
+                }
                 return Some(tau);
             }
             if n < need {
@@ -474,7 +483,7 @@ fn threshold(need: usize, max: f32, s: &mut Scratch) -> Option<f32> {
         }
     }
     let tau = nth_largest(&s.block_max, need, &mut s.heap)?;
-    if max.is_finite() && tau.is_finite() {
+    if keep && max.is_finite() && tau.is_finite() {
         remember(s, slot, need, (max - tau).max(1e-6));
     }
     Some(tau)
@@ -543,27 +552,42 @@ pub(crate) fn gather_at_least(
 /// row value `>= tau` and an edited value below it: of the `k + e` blocks reaching `tau`, at
 /// most `e` may have lost their only entry `>= tau` to an edit, so `k` blocks still hold one.
 /// Usually `e = 0`: penalties lower a sampled (large) logit only a little, and it stays
-/// above `tau`; otherwise `e` is every lowered entry. Returns `tau`.
+/// above `tau`; otherwise `e` is the number of entries the first round caught, and if that
+/// does not settle, every lowered entry. Returns `tau`.
 pub(crate) fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<f32> {
     let max = s.summary.map_or(f32::NEG_INFINITY, |m| m.max);
-    let mut extra = 0;
+    // `seed`: the gap a round that allows only for the first round's catch starts from.
+    let (mut extra, mut round, mut seed) = (0, 0, None);
     loop {
         let need = k + extra;
         // More than there are blocks: the block maxima cannot bound it; the row's own values
         // are counted instead.
-        let tau = if need > s.block_max.len() { row_threshold(need, max, r, s)? } else { threshold(need, max, s)? };
+        let tau = if need > s.block_max.len() {
+            row_threshold(need, max, r, s)?
+        } else {
+            threshold_near(need, max, seed, s)?
+        };
         let large = s.overlay.iter().filter(|e| r[e.0 as usize] >= tau && e.1 < tau).count();
         if large <= extra {
             gather_at_least(r, &s.block_max, &s.overlay, tau, &mut s.gathered, &mut s.blocks);
             debug_assert!(s.gathered.len() >= k);
             return Some(tau);
         }
-        // A lower `tau` may catch more lowered entries, so the next round counts all of them:
-        // `large` never exceeds that, whatever `tau`, so it is the last. PERF: rounds that
-        // added the entries caught so far went on for a while on a flat row, where every
-        // penalised token drops below `tau` (each round a few counting passes over the block
-        // maxima); on peaked rows a penalised token rarely drops below it at all.
-        extra = s.overlay.iter().filter(|e| e.1 < r[e.0 as usize]).count();
+        // A lower `tau` may catch more lowered entries, so a round that counts all of them is
+        // the last: `large` never exceeds that, whatever `tau`. Where the first round caught
+        // only a few of them (a quarter at most), the second allows for just those first:
+        // every block gathered beyond the `k` costs a read of 64 entries. On the real row with
+        // llama.cpp's penalties (1 to 4 of 25 lowered entries caught at 32k) that gathers 55
+        // blocks instead of 71 (the chain: 3.1 -> 2.9 µs at 32k, 7.6 -> 6.9 at 128k). Its
+        // `need` varies from token to token, so its search starts from the first round's gap
+        // and is not remembered (remembered, it pushed out the gaps that recur: a nearly flat
+        // row took 8 -> 18 µs at 128k). PERF: where the first round caught many (a nearly flat
+        // row: about 30 of 64), the second allowing for just those cost 8 -> 9 µs at 128k: a
+        // lower `tau` catches more again there.
+        round += 1;
+        let lowered = s.overlay.iter().filter(|e| e.1 < r[e.0 as usize]).count();
+        (extra, seed) =
+            if round == 1 && large * 4 <= lowered { (large, Some((max - tau).max(1e-6))) } else { (lowered, None) };
     }
 }
 
@@ -911,14 +935,24 @@ fn top_p_dist(
     }
     let Some(Stage::Dist(d)) = stages.get_mut(at) else { return Ok(None) };
     let u = d.draw();
-    if let Some(token) = certain_top_p_draw(p, min_keep, r, max, u, s, c) {
-        s.path = Path::Fast("top-p;dist");
-        return Ok(Some(Prepared::Selected(token)));
-    }
+    let beyond = match certain_top_p_draw(p, min_keep, r, max, u, s, c) {
+        Ok(token) => {
+            s.path = Path::Fast("top-p;dist");
+            return Ok(Some(Prepared::Selected(token)));
+        }
+        Err(short) => short == Some(Short::Beyond),
+    };
     // The exact sum: the cut is certain, and so is the draw unless several entries hold the
     // chosen value.
     let sum = arch::exp_sum_sequential(0.0, r, max, &s.block_max);
-    let drawn = match sorted_prefix((p, min_keep), r, max, (sum, sum), Ties::Allowed, s, c) {
+    let prefix = if beyond {
+        // Beyond at a lower bound of the sum is beyond at the sum (see `certain_top_p_draw`):
+        // the prefix would only be gathered again to say so.
+        Err(Short::Beyond)
+    } else {
+        sorted_prefix((p, min_keep), r, max, (sum, sum), Ties::Allowed, s, c)
+    };
+    let drawn = match prefix {
         Ok(cuts) => certain_draw(p, max, sum, 0.0, cuts, u, s, c).map(|(i, cut_sum)| {
             s.path = Path::Fast("top-p;dist (exact sum)");
             select_prefix_entry(c, i, max, cut_sum)
@@ -1005,6 +1039,12 @@ fn draw_by_sorting(
 /// entries, its maximum `max` is finite). When one certifies the token, leaves it alone in `c`
 /// and returns it; its `p` is its weight over `dist`'s sum for the earliest cut the bounds
 /// allow, which is the array path's `p` when the cut is certain too.
+///
+/// Otherwise returns why not, where known: `Short::Beyond` when the cut lies beyond
+/// llama.cpp's first 256 entries for a lower bound `lo` of the softmax sum. It then does so for
+/// the sum itself and for every later try: each `fl(w / S)` falls (weakly) as `S` grows past
+/// `lo`, and so does every running f32 sum of them (rounded addition is monotone), so the mass
+/// reached within the 256 only falls; the tries stop there.
 fn certain_top_p_draw(
     p: f32,
     min_keep: usize,
@@ -1013,8 +1053,8 @@ fn certain_top_p_draw(
     u: f64,
     s: &mut Scratch,
     c: &mut Candidates,
-) -> Option<u32> {
-    let mut near = NearSums::new(r, 1.0, max, s)?;
+) -> std::result::Result<u32, Option<Short>> {
+    let mut near = NearSums::new(r, 1.0, max, s).ok_or(None)?;
     let (mut lo, mut hi) = (1.0f32, f32::INFINITY);
     for far_mass in TOP_P_FAR_MASSES {
         let err = near.widen(far_mass, r, 1.0, max, s);
@@ -1022,11 +1062,7 @@ fn certain_top_p_draw(
         // Both intervals hold `S`: so does their intersection.
         (lo, hi) = (lo.max(l), hi.min(h));
         debug_assert!(lo <= hi, "disjoint bounds on one sum");
-        let cuts = match sorted_prefix((p, min_keep), r, max, (lo, hi), Ties::Allowed, s, c) {
-            Ok(cuts) => cuts,
-            Err(Short::Tie) => return None,
-            Err(Short::Beyond) => continue,
-        };
+        let cuts = sorted_prefix((p, min_keep), r, max, (lo, hi), Ties::Allowed, s, c).map_err(Some)?;
         // What the f32 running sum of `p_j` can have lost to rounding before the cut: at most
         // 2^-25 per addition (every running sum is below `p <= 1`), and at most the `p_j`
         // added, which is at most `w_j / lo` (rounded up).
@@ -1034,10 +1070,10 @@ fn certain_top_p_draw(
             .min(near.rounding_bound(2f64.powi(-25) * lo as f64) / lo as f64 * (1.0 + 2f64.powi(-22)))
             + r.len() as f64 * 2f64.powi(-149);
         if let Some((i, cut_sum)) = certain_draw(p, max, hi, lost, cuts, u, s, c) {
-            return Some(select_prefix_entry(c, i, max, cut_sum));
+            return Ok(select_prefix_entry(c, i, max, cut_sum));
         }
     }
-    None
+    Err(None)
 }
 
 /// Leaves entry `i` of the prefix in `c` alone, selected, with its weight over `cut_sum`; its
@@ -1859,6 +1895,59 @@ mod tests {
         assert!(widths[0] > 10.0 * widths[1], "{widths:?}");
     }
 
+    /// [`gather_top`] with penalties' overlay on the row's top entries: `tau` is at most the
+    /// k-th largest value of row + overlay, and the gathered entries are exactly those at or
+    /// above it, in id order. The overlays lower the top `n` entries by a little (most stay
+    /// above the k-th value: the first round settles), by a share of them (the real row's
+    /// case: a few drop below, and the second round allows for those), or by a lot (every
+    /// lowered entry is allowed for), on the real SmolLM2 row and generated rows.
+    #[test]
+    fn gather_top_holds_the_k_largest_of_row_and_overlay() {
+        let npy = concat!(env!("CARGO_MANIFEST_DIR"), "/../tokensieve-cli/testdata/example-logits.npy");
+        let mut rows = vec![("real".to_string(), tokensieve_testkit::cli::read_npy_f32(npy.as_ref()).1)];
+        for kind in [RowKind::Peaked, RowKind::Gaussian] {
+            rows.push((format!("{kind:?}"), generate::row(kind, 32_000, 11)));
+        }
+        let mut checked = 0;
+        for (name, row) in &rows {
+            let mut order: Vec<u32> = (0..row.len() as u32).collect();
+            order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
+            for n in [5usize, 25, 64] {
+                for (scale, minus) in [(1.1f32, 0.2f32), (1.1, 1.5), (2.0, 5.0)] {
+                    // Penalties' edits: the top `n` ids, each lowered.
+                    let mut overlay: Vec<(u32, f32)> = order[..n]
+                        .iter()
+                        .map(|&id| {
+                            let x = row[id as usize];
+                            (id, if x > 0.0 { x / scale } else { x * scale } - minus)
+                        })
+                        .collect();
+                    overlay.sort_by_key(|e| e.0);
+                    let mut edited = row.clone();
+                    overlay.iter().for_each(|&(id, x)| edited[id as usize] = x);
+                    let mut sorted = edited.clone();
+                    sorted.sort_by(|a, b| b.total_cmp(a));
+                    for k in [1usize, 10, 40, 100] {
+                        let mut s = Scratch::default();
+                        s.summary = Some(arch::summarize(row, &mut s.block_max));
+                        s.overlay = overlay.clone();
+                        let tau = gather_top(k, row, &mut s).expect("enough blocks");
+                        let ctx = format!("{name} n {n} ({scale}, {minus}) k {k}");
+                        assert!(tau <= sorted[k - 1], "{ctx}: tau {tau} above the k-th {}", sorted[k - 1]);
+                        let want: Vec<(u32, f32)> = (0..row.len() as u32)
+                            .filter(|&i| edited[i as usize] >= tau)
+                            .map(|i| (i, edited[i as usize]))
+                            .collect();
+                        let got: Vec<(u32, f32)> = s.gathered.iter().map(|t| (t.id, t.logit)).collect();
+                        assert_eq!(got, want, "{ctx}");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 3 * 3 * 3 * 4);
+    }
+
     /// [`certain_top_p_draw`] against the array path (llama.cpp's fill, `top_p`, then `dist`
     /// with the same draw) for draws spread over `[0, 1)`: every token it certifies is the
     /// array path's. Rows: the real SmolLM2 row, whose cut bounds lie further apart than
@@ -1876,7 +1965,7 @@ mod tests {
                 rows.push((format!("{kind:?} x{scale}"), row));
             }
         }
-        let (mut draws, mut certified, mut by_mass) = (0, 0, 0);
+        let (mut draws, mut certified, mut by_mass, mut beyond) = (0, 0, 0, 0);
         for (name, row) in &rows {
             for (p, min_keep) in [(0.95f32, 1usize), (0.5, 3), (0.999, 1), (0.1, 40)] {
                 let mut s = Scratch::default();
@@ -1890,15 +1979,34 @@ mod tests {
                     let mut want = array.clone();
                     Dist::select(&mut want, u);
                     draws += 1;
-                    if let Some(token) = certain_top_p_draw(p, min_keep, row, summary.max, u, &mut s, &mut c) {
-                        assert_eq!(Some(token), want.selected_token(), "{name} top_p({p},{min_keep}) u = {u}");
-                        assert_eq!(c.selected_token(), Some(token));
-                        certified += 1;
-                        by_mass += (name == "real" && p == 0.95) as usize;
+                    match certain_top_p_draw(p, min_keep, row, summary.max, u, &mut s, &mut c) {
+                        Ok(token) => {
+                            assert_eq!(Some(token), want.selected_token(), "{name} top_p({p},{min_keep}) u = {u}");
+                            assert_eq!(c.selected_token(), Some(token));
+                            certified += 1;
+                            by_mass += (name == "real" && p == 0.95) as usize;
+                        }
+                        Err(Some(Short::Beyond)) => {
+                            // `top_p_dist` then skips the exact sum's prefix: it must be beyond too.
+                            let sum = arch::exp_sum_sequential(0.0, row, summary.max, &s.block_max);
+                            let exact = sorted_prefix(
+                                (p, min_keep),
+                                row,
+                                summary.max,
+                                (sum, sum),
+                                Ties::Allowed,
+                                &mut s,
+                                &mut c,
+                            );
+                            assert_eq!(exact, Err(Short::Beyond), "{name} top_p({p},{min_keep}) u = {u}");
+                            beyond += 1;
+                        }
+                        Err(_) => {}
                     }
                 }
             }
         }
+        assert!(beyond > 0, "no row's cut lay beyond the first 256");
         assert!(certified * 2 >= draws, "only {certified} of {draws} draws certified");
         assert!(by_mass >= 200, "the real row: only {by_mass} of 400 draws certified");
     }
