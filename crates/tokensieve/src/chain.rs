@@ -299,7 +299,9 @@ impl Chain {
     }
 
     /// The candidates left by the last `apply`/`sample` (after a `sample` that selected
-    /// straight from the row, only the selected candidate; see the type's docs).
+    /// straight from the row, only the selected candidate; after a `sample` through `top_k`
+    /// onto equal values, those in id order where llama.cpp's order could not change the
+    /// token; see the type's docs).
     pub fn candidates(&self) -> &Candidates {
         &self.candidates
     }

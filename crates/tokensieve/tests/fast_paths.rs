@@ -872,6 +872,70 @@ fn half_precision_rows_with_ties_take_the_fast_top_k() {
     assert!(fast * 10 >= total * 9, "the fast path ran in only {fast} of {total} cases");
 }
 
+/// `sample` with `top_k`, value-only stages and `dist` on half-precision rows full of ties:
+/// the chain runs on the ranking with equal values by id, and the token stands only where no
+/// other entry holds its value; otherwise libstdc++'s order is replayed and the chain runs
+/// again with the same draw. Against the array path on the widened row, 12 steps each (each
+/// token accepted on both sides, so penalties' history grows): the same tokens, the same
+/// candidates left after a replay, and both outcomes seen (the draw kept, and the tie replayed). Rows: the
+/// generator's, and a coarse grid on which the top values themselves are tied.
+#[test]
+fn half_precision_ties_at_the_draw_replay_the_heap_with_the_same_draw() {
+    use half::{bf16, f16};
+    use tokensieve::Logits;
+    let (mut kept, mut replayed, mut steps) = (0, 0, 0);
+    for (v, seed) in [(32_000usize, 1u64), (4_099, 3)] {
+        for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::ShiftedUp] {
+            let row = generate::row(kind, v, seed);
+            // A coarse grid: the largest values come in groups of equal ones.
+            let grid: Vec<f32> = row.iter().map(|x| (x * 2.0).round() / 2.0).collect();
+            for (rows, base) in [("row", &row), ("grid", &grid)] {
+                let h: Vec<f16> = base.iter().map(|&x| f16::from_f32(x)).collect();
+                let b: Vec<bf16> = base.iter().map(|&x| bf16::from_f32(x)).collect();
+                for prefix in ["", "penalties(64,1.1,0.1,0.1);", "logit_bias(7:30 9:-inf 20:2.5);"] {
+                    for (k, tail) in [
+                        (40, "top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist"),
+                        (2, "temperature(0.8);dist"),
+                        (128, "min_p(0.2,1);dist"),
+                        (5, "temperature(0);dist"),
+                        (20, "dist"),
+                    ] {
+                        let spec = format!("{prefix}top_k({k});{tail}");
+                        for (name, logits, widened) in [
+                            ("f16", Logits::F16(&h), h.iter().map(|x| x.to_f32()).collect::<Vec<f32>>()),
+                            ("bf16", Logits::Bf16(&b), b.iter().map(|x| x.to_f32()).collect::<Vec<f32>>()),
+                        ] {
+                            let ctx = BuildContext::new(v, RngConfig::mt19937(seed as u32 + k as u32));
+                            let mut chain = Chain::from_spec(&spec, &ctx).unwrap();
+                            let mut stages = chain.stages().to_vec();
+                            for step in 0..12 {
+                                let want = array_path(&mut stages, &widened).unwrap();
+                                let token = chain.sample(logits).unwrap();
+                                let at = format!("{spec} {name} {rows} {kind:?} V={v} step {step}");
+                                assert_eq!(Some(token), want.selected_token(), "{at}");
+                                assert_eq!(chain.candidates().selected_token(), Some(token), "{at}");
+                                match chain.last_path() {
+                                    Path::Fast("top-k;dist") => kept += 1,
+                                    // After the replay, llama.cpp's candidates exactly.
+                                    Path::Fast("top-k") => {
+                                        same(chain.candidates(), &want).unwrap_or_else(|e| panic!("{at}: {e}"));
+                                        replayed += 1;
+                                    }
+                                    _ => {}
+                                }
+                                stages.iter_mut().for_each(|s| s.accept(token));
+                                steps += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(kept * 2 >= steps, "the draw was kept in only {kept} of {steps} steps");
+    assert!(replayed >= 20, "a tie at the draw was replayed in only {replayed} of {steps} steps");
+}
+
 /// After `sample` selected straight from the row with `[temperature;] dist`, the lone
 /// candidate's `p` is its probability against the sums that located the draw: within the
 /// locating try's mass of the exact softmax (at most 2^-4 of the sum, so about 6.7%

@@ -18,7 +18,13 @@
 //!      many blocks each hold an entry `>= τ`, at most `e` of them edited), so gathering the
 //!      entries `>= τ` from the blocks whose maximum reaches it yields a superset of the top k
 //!      from a few percent of the row (for `k + e` beyond the number of blocks, `τ` comes from
-//!      counting the row's entries `>= τ` instead);
+//!      counting the row's entries `>= τ` instead); equal values among the kept (or at the
+//!      cut) take libstdc++'s heap select, replayed over the blocks that reach its minimum;
+//!    * `top_k(k <= 128)`, then any of `top_p`, `min_p` and `temperature`, then `dist` (when
+//!      sampling, equal values among the top k, as in f16/bf16 rows): those stages and the
+//!      draw see only the sequence of kept values, so the chain runs on them with equal values
+//!      in id order, and the token stands when no other entry holds its value; otherwise the
+//!      heap select orders them and the chain runs again with the same draw;
 //!    * `min_p(p)`: the maximum from the summary, then the entries `>= max + ln p` gathered in
 //!      row order from the blocks that reach it (when sampling, a `min_p` that keeps every
 //!      entry is skipped, so that a `[temperature;] dist` after it draws from the row);
@@ -83,6 +89,8 @@
 //! `p` values come from the same `expf` bits ([`arch::exp_shifted`] is checked against the
 //! platform's `expf`) and the same f32 operations in the same order.
 //!
+//! `top_k;…;dist` on tied values leaves the kept candidates with equal values in id order
+//! where llama.cpp's order could not change the token (`sample` only).
 //! The selecting paths (`greedy`, `dist`, `top_p;dist`) are used by `sample` only, which then
 //! leaves just the selected candidate in [`Candidates`] (building the full array would cost
 //! more than the selection): its logit as processed and, for `dist`, its exact weight divided
@@ -332,6 +340,11 @@ fn prepare_f32(
                 }
                 return Ok(done);
             }
+        }
+    }
+    if need == Need::Token {
+        if let Some(done) = top_k_dist(stages, first, r, s, c)? {
+            return Ok(done);
         }
     }
     let done = match stages.get(first) {
@@ -595,9 +608,23 @@ pub(crate) fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<f32> {
 /// distinct values both leave descending order).
 fn top_k(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bool {
     let k = k.min(r.len());
-    if gather_top(k, r, s).is_none() {
-        return false;
+    match rank_top(k, r, s) {
+        None => false,
+        Some(true) => {
+            fill_ranked(k, r.len(), s, c);
+            true
+        }
+        // Ties (common in f16/bf16 rows): their order is libstdc++'s, replayed.
+        Some(false) => k <= 128 && top_k_by_heap(k, r, s, c),
     }
+}
+
+/// Ranks the `k` largest entries of row + overlay into `s.gathered_ranks[..k]` (keys into
+/// `s.gathered`): descending values, equal values by id. `None` when there are too few blocks
+/// to bound them; else whether that is llama.cpp's order, i.e. the kept values are distinct
+/// and the first dropped one lies strictly below the last kept.
+fn rank_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<bool> {
+    gather_top(k, r, s)?;
     let g = &s.gathered;
     let keys = &mut s.gathered_ranks;
     rank_keys(g, keys);
@@ -612,14 +639,82 @@ fn top_k(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bool {
     let logit = |i: usize| g[keys[i] as u32 as usize].logit;
     // Distinct kept values, and the first dropped one strictly below the last kept.
     let distinct = (1..k).all(|i| logit(i - 1) != logit(i));
-    if !distinct || (keys.len() > k && logit(k - 1) == logit(k)) {
-        // Ties (common in f16/bf16 rows): their order is libstdc++'s, replayed.
-        return k <= 128 && top_k_by_heap(k, r, s, c);
-    }
-    c.begin(r.len());
-    c.data.extend(keys[..k].iter().map(|&key| g[key as u32 as usize]));
+    Some(distinct && !(keys.len() > k && logit(k - 1) == logit(k)))
+}
+
+/// The `k` entries [`rank_top`] ranked, in its order, as the candidates of a row of `n`.
+fn fill_ranked(k: usize, n: usize, s: &Scratch, c: &mut Candidates) {
+    let g = &s.gathered;
+    c.begin(n);
+    c.data.extend(s.gathered_ranks[..k].iter().map(|&key| g[key as u32 as usize]));
     c.sorted = true;
-    true
+}
+
+/// `top_k(k)`, then `top_p`, `min_p` or `temperature` stages, then `dist`, when sampling, on a
+/// row whose top `k` hold equal values (f16 and bf16 rows are full of them), where
+/// [`top_k`] would replay libstdc++'s heap select for their order (about 270 heap insertions
+/// at V = 32k). Those stages and `dist`'s draw see the kept values only, in descending
+/// order: which of several equal values sits where changes no probability, cut or chosen
+/// position, only the token at that position. So the chain runs on the ranking with equal
+/// values by id, and the token stands if no other entry of row + overlay holds its value;
+/// otherwise the heap select orders the kept entries and the chain runs again with the same
+/// draw (the stages before `dist` keep no state). `None`: not this chain, or no ties.
+fn top_k_dist(
+    stages: &mut [Stage],
+    first: usize,
+    r: &[f32],
+    s: &mut Scratch,
+    c: &mut Candidates,
+) -> Result<Option<Prepared>> {
+    let Some(Stage::TopK(t)) = stages.get(first) else { return Ok(None) };
+    let k = (t.k() as usize).min(r.len());
+    let mut at = first + 1;
+    while let Some(stage) = stages.get(at) {
+        match stage {
+            _ if stage.is_inert() => {}
+            Stage::TopP(_) | Stage::MinP(_) | Stage::Temperature(_) => {}
+            _ => break,
+        }
+        at += 1;
+    }
+    if k == 0 || k > 128 || !matches!(stages.get(at), Some(Stage::Dist(_))) {
+        return Ok(None);
+    }
+    // No ties: `top_k`'s own ranking is llama.cpp's order.
+    if rank_top(k, r, s) != Some(false) {
+        return Ok(None);
+    }
+    fill_ranked(k, r.len(), s, c);
+    for stage in &mut stages[first + 1..at] {
+        stage.apply(c)?;
+    }
+    let Some(Stage::Dist(d)) = stages.get_mut(at) else { return Ok(None) };
+    // As `Dist::apply`: no draw without a finite candidate.
+    crate::sampler::require_finite_candidate("dist", c)?;
+    let u = d.draw();
+    Dist::select(c, u);
+    // The chosen token's value in row + overlay: every entry holding it was gathered (it is
+    // at least the k-th largest). `==`, as llama.cpp's comparator: -0.0 ties 0.0.
+    let value = c.selected_token().and_then(|token| s.gathered.iter().find(|t| t.id == token)).map(|t| t.logit);
+    if value.is_some_and(|v| s.gathered.iter().filter(|t| t.logit == v).count() == 1) {
+        s.path = Path::Fast("top-k;dist");
+        return Ok(Some(Prepared::Built { applied: at + 1 }));
+    }
+    if top_k_by_heap(k, r, s, c) {
+        s.path = Path::Fast("top-k");
+        for stage in &mut stages[first + 1..at] {
+            stage.apply(c)?;
+        }
+    } else {
+        // With the draw already made: the array path through `dist`'s stage.
+        s.path = Path::Fallback("top-k");
+        c.fill_validated(r);
+        for stage in &mut stages[..at] {
+            stage.apply(c)?;
+        }
+    }
+    Dist::select(c, u);
+    Ok(Some(Prepared::Built { applied: at + 1 }))
 }
 
 /// llama.cpp's `top_k(k <= 128)` on row + overlay exactly, ties included: libstdc++'s
@@ -657,6 +752,16 @@ fn top_k_by_heap(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bo
     stdsort::make_heap(heap, &mut less);
     let mut at = k;
     while at < n {
+        // Fast-forward over the blocks that can change nothing: no edit, and a maximum at or
+        // below the heap's smallest (which only rises), many at a time.
+        let next_edit = overlay.get(edit).map_or(s.block_max.len(), |e| e.0 as usize / BLOCK);
+        if let Some(quiet) = s.block_max.get(at / BLOCK..next_edit) {
+            let skip = leading_at_most(quiet, heap[0].logit);
+            if skip > 0 {
+                at = (at / BLOCK + skip) * BLOCK;
+                continue;
+            }
+        }
         let end = ((at / BLOCK + 1) * BLOCK).min(n);
         let first_edit = edit;
         while edit < overlay.len() && (overlay[edit].0 as usize) < end {
@@ -694,6 +799,19 @@ fn top_k_by_heap(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bo
     c.data.extend_from_slice(heap);
     c.sorted = true;
     true
+}
+
+/// How many of the leading `maxima` are at or below `top`: 16 at a time without an early exit
+/// inside (so that the test vectorises), then the one group that holds the first above it.
+fn leading_at_most(maxima: &[f32], top: f32) -> usize {
+    let mut skipped = 0;
+    for group in maxima.chunks(16) {
+        if group.iter().fold(false, |above, &m| above | (m > top)) {
+            return skipped + group.iter().take_while(|&&m| m <= top).count();
+        }
+        skipped += group.len();
+    }
+    skipped
 }
 
 /// The maximum of row + overlay.
