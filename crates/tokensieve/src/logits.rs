@@ -4,7 +4,9 @@ use crate::error::{Error, Result};
 use half::{bf16, f16};
 
 /// A borrowed row of logits, one value per token id, in any of the dtypes engines emit.
-/// f16 and bf16 are widened to f32 as they are read; no copy of the row is made.
+/// f32 rows are read in place. f16 and bf16 rows are widened to f32 (exactly) into a buffer
+/// the chain reuses, in the same pass that summarizes them: no allocation after the first row
+/// of a size.
 #[derive(Clone, Copy, Debug)]
 pub enum Logits<'a> {
     /// 32-bit floats.

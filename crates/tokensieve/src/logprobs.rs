@@ -101,20 +101,32 @@ fn prepare(out: &mut Vec<TokenLogprob>, n: usize) {
 /// Raw mode: returns the logprob of `token` and fills `out` with the top `n`.
 pub fn raw(row: Logits<'_>, token: u32, n: usize, out: &mut Vec<TokenLogprob>) -> f32 {
     thread_local! {
-        /// f16/bf16 rows widened for [`raw_f32`] (reused: no allocation after the first row).
-        static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+        /// Reused: no allocation after the first rows of a size.
+        static SCRATCH: std::cell::RefCell<RawScratch> = std::cell::RefCell::default();
     }
-    match row {
-        Logits::F32(r) => raw_f32(r, token, n, out),
-        Logits::F16(h) => WIDENED.with_borrow_mut(|w| {
-            crate::arch::widen_f16(h, w);
-            raw_f32(w, token, n, out)
-        }),
-        Logits::Bf16(b) => WIDENED.with_borrow_mut(|w| {
-            crate::arch::widen_bf16(b, w);
-            raw_f32(w, token, n, out)
-        }),
-    }
+    prepare(out, n);
+    SCRATCH.with_borrow_mut(|s| {
+        // f16/bf16 rows are widened into a reused buffer in the pass that takes their block
+        // maxima (one pass over memory instead of two).
+        let mut widened = std::mem::take(&mut s.widened);
+        let (r, max): (&[f32], f32) = match row {
+            Logits::F32(r) => {
+                s.block_max.resize(r.len().div_ceil(BLOCK), f32::NEG_INFINITY);
+                (r, arch::block_max_into(r, &mut s.block_max))
+            }
+            Logits::F16(h) => {
+                let max = arch::widen_summarize_f16(h, &mut widened, &mut s.block_max).max;
+                (&widened, max)
+            }
+            Logits::Bf16(b) => {
+                let max = arch::widen_summarize_bf16(b, &mut widened, &mut s.block_max).max;
+                (&widened, max)
+            }
+        };
+        let logprob = raw_f32(r, max, token, n, s, out);
+        s.widened = widened;
+        logprob
+    })
 }
 
 /// [`raw`] written the obvious way, for any element type: the oracle the fast paths are
@@ -144,31 +156,25 @@ fn raw_generic(row: Logits<'_>, token: u32, n: usize, out: &mut Vec<TokenLogprob
     (row.get(token as usize) as f64 - lse) as f32
 }
 
-/// [`raw`] on an f32 row: one pass for the block maxima, the top `n` from the few blocks that
-/// can hold one, then the sum ([`ServerOrder::sum`]), which skips the blocks and entries that
-/// cannot change it. The same values as the obvious implementation.
-fn raw_f32(r: &[f32], token: u32, n: usize, out: &mut Vec<TokenLogprob>) -> f32 {
-    thread_local! {
-        /// Reused: no allocation after the first rows of a size.
-        static SCRATCH: std::cell::RefCell<RawScratch> = std::cell::RefCell::default();
-    }
-    prepare(out, n);
-    SCRATCH.with_borrow_mut(|s| {
-        s.block_max.resize(r.len().div_ceil(BLOCK), f32::NEG_INFINITY);
-        let max = arch::block_max_into(r, &mut s.block_max);
-        top_from_blocks(r, max, n, s, out);
-        let sum = s.order.sum(r, max, &s.block_max, out);
-        let lse = max as f64 + (sum as f64).ln();
-        finish(out, lse);
-        (r[token as usize] as f64 - lse) as f32
-    })
+/// [`raw`] on an f32 row whose maximum `max` and block maxima (`s.block_max`) were taken: the
+/// top `n` from the few blocks that can hold one, then the sum ([`ServerOrder::sum`]), which
+/// skips the blocks and entries that cannot change it. The same values as the obvious
+/// implementation.
+fn raw_f32(r: &[f32], max: f32, token: u32, n: usize, s: &mut RawScratch, out: &mut Vec<TokenLogprob>) -> f32 {
+    top_from_blocks(r, max, n, s, out);
+    let sum = s.order.sum(r, max, &s.block_max, out);
+    let lse = max as f64 + (sum as f64).ln();
+    finish(out, lse);
+    (r[token as usize] as f64 - lse) as f32
 }
 
-/// [`raw_f32`]'s buffers, kept per thread.
+/// [`raw`]'s buffers, kept per thread.
 #[derive(Default)]
 struct RawScratch {
     /// The row's block maxima.
     block_max: Vec<f32>,
+    /// An f16/bf16 row widened.
+    widened: Vec<f32>,
     /// The summation order's buffers.
     order: ServerOrder,
     /// The top-`n` bound's gap below the maximum that worked for the previous row.
