@@ -177,16 +177,21 @@ pub fn tokensieve_transformers_runner(w: Workload, row: &[f32]) -> Box<dyn FnMut
 }
 
 fn tokensieve_runner(w: Workload, row: &[f32]) -> Box<dyn FnMut() -> u32 + '_> {
+    tokensieve_logits_runner(w, Logits::F32(row), row.len())
+}
+
+/// tokensieve on workload `w` (llama.cpp convention) over a row of `v` logits in any dtype.
+pub fn tokensieve_logits_runner(w: Workload, row: Logits<'_>, v: usize) -> Box<dyn FnMut() -> u32 + '_> {
     if w == Workload::Logprobs {
         let mut buf: Vec<TokenLogprob> = Vec::with_capacity(21);
         return Box::new(move || {
-            black_box(logprobs::raw(Logits::F32(row), 0, 20, &mut buf));
+            black_box(logprobs::raw(row, 0, 20, &mut buf));
             buf[0].token
         });
     }
-    let mut chain = Chain::from_spec(w.spec(), &BuildContext::new(row.len(), RngConfig::philox(42)))
-        .expect("the workload specs build");
-    for t in history(row.len()) {
+    let mut chain =
+        Chain::from_spec(w.spec(), &BuildContext::new(v, RngConfig::philox(42))).expect("the workload specs build");
+    for t in history(v) {
         chain.accept(t);
     }
     Box::new(move || chain.sample(row).expect("a peaked row samples"))

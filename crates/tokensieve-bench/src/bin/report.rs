@@ -17,7 +17,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 use tokensieve::sampler::BuildContext;
 use tokensieve::{arch, batch, bench_rows, Chain, Logits, LogitsBatch, RngConfig};
-use tokensieve_bench::{row, time_per_token, tokensieve_transformers_runner, Peer, Timing, Workload};
+use tokensieve_bench::{
+    row, time_per_token, tokensieve_logits_runner, tokensieve_transformers_runner, Peer, Timing, Workload,
+};
 
 struct Args {
     vocab: Vec<usize>,
@@ -206,6 +208,7 @@ fn main() {
     }
     let _ = writeln!(md);
     other_rows_section(&mut md, args.seconds);
+    half_rows_section(&mut md, args.seconds);
     batch_section(&mut md, args.seconds);
     // Keep the grammar benchmark's section (written by the `grammar` binary).
     if let Ok(old) = std::fs::read_to_string(&args.out) {
@@ -292,6 +295,39 @@ fn other_rows_section(md: &mut String, seconds: f64) {
                     w.spec(),
                     t.median_us,
                     t.median_us / floor
+                );
+            }
+        }
+    }
+    let _ = writeln!(md);
+}
+
+/// tokensieve on the peaked rows rounded to f16 and bf16 (as an engine on a GPU hands them
+/// over), each timed beside the f32 floor over the rounded values.
+fn half_rows_section(md: &mut String, seconds: f64) {
+    let _ = writeln!(
+        md,
+        "## Half-precision rows\n\ntokensieve alone, llama.cpp convention, on the peaked rows rounded to f16 and bf16 (`tokensieve bench --dtype`). The chain widens them to f32 in the pass that summarizes them; the floor is the f32 max pass over the rounded values, timed interleaved, so the ratio includes the widening. Rounding makes equal values common among the top tokens: `top_k` then orders them as libstdc++'s heap select does, and when sampling only where the draw lands on one of them. One pass.\n"
+    );
+    let _ = writeln!(md, "| dtype | V | workload | floor µs | tokensieve µs (× floor) |\n|---|---:|---|---:|---:|");
+    for v in [32_000usize, 128_256] {
+        let r = row(v);
+        let h: Vec<half::f16> = r.iter().map(|&x| half::f16::from_f32(x)).collect();
+        let b: Vec<half::bf16> = r.iter().map(|&x| half::bf16::from_f32(x)).collect();
+        for (name, logits, widened) in [
+            ("f16", Logits::F16(&h), h.iter().map(|x| x.to_f32()).collect::<Vec<f32>>()),
+            ("bf16", Logits::Bf16(&b), b.iter().map(|x| x.to_f32()).collect::<Vec<f32>>()),
+        ] {
+            for w in Workload::ALL {
+                eprintln!("half rows: {name} V={v} {}", w.name());
+                let t = time_per_token(&widened, seconds, tokensieve_logits_runner(w, logits, v));
+                let _ = writeln!(
+                    md,
+                    "| {name} | {v} | `{}` | {:.1} | {:.1} ({:.2}×) |",
+                    w.spec(),
+                    t.floor_us,
+                    t.median_us,
+                    t.median_us / t.floor_us
                 );
             }
         }
