@@ -6,7 +6,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use tokensieve::{sampler::BuildContext, Chain, Convention, LogprobsMode, RngConfig, TokenLogprob};
+use tokensieve::{sampler::BuildContext, Chain, Convention, Logits, LogprobsMode, RngConfig, TokenLogprob};
 use tokensieve_testkit::generate::{self, RowKind};
 
 struct Counting;
@@ -88,6 +88,34 @@ fn sampling_allocates_nothing_after_warm_up() {
                 });
                 assert_eq!(n, 0, "`{spec}` (V = {vocab}, {rng:?}) allocated {n} times in 32 tokens after warm-up");
             }
+        }
+    }
+}
+
+/// The same chains and raw logprobs on f16 and bf16 rows (widened into reused buffers; their
+/// ties take `top_k`'s heap replay and its draw on the ranking).
+#[test]
+fn half_precision_sampling_allocates_nothing_after_warm_up() {
+    use half::{bf16, f16};
+    let vocab = 32_000;
+    let row = generate::row(RowKind::Peaked, vocab, 7);
+    let h: Vec<f16> = row.iter().map(|&x| f16::from_f32(x)).collect();
+    let b: Vec<bf16> = row.iter().map(|&x| bf16::from_f32(x)).collect();
+    for (dtype, logits) in [("f16", Logits::F16(&h)), ("bf16", Logits::Bf16(&b))] {
+        for spec in CHAINS {
+            let mut chain = Chain::from_spec(spec, &BuildContext::new(vocab, RngConfig::philox(3))).unwrap();
+            let mut top: Vec<TokenLogprob> = Vec::new();
+            for step in 0..80 {
+                chain.sample(logits).unwrap_or_else(|e| panic!("{spec}, warm-up step {step}: {e}"));
+                chain.sample_with_logprobs_into(logits, LogprobsMode::Raw, 20, &mut top).unwrap();
+            }
+            let n = allocations(|| {
+                for _ in 0..32 {
+                    chain.sample(logits).unwrap();
+                    chain.sample_with_logprobs_into(logits, LogprobsMode::Raw, 20, &mut top).unwrap();
+                }
+            });
+            assert_eq!(n, 0, "`{spec}` on {dtype} allocated {n} times in 32 tokens after warm-up");
         }
     }
 }
