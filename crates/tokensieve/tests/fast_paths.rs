@@ -831,6 +831,45 @@ fn raw_logprobs_match_the_scanning_implementation() {
     });
 }
 
+/// The same on f16 and bf16 rows, each `sample_with_logprobs` right after an `apply` of
+/// another row of the same dtype: `greedy` summarizes a half-precision row without keeping it
+/// widened, so the logprobs must not read the widened row the `apply` left behind.
+#[test]
+fn raw_logprobs_on_half_precision_rows_after_another_row() {
+    use half::{bf16, f16};
+    use tokensieve::{Convention, Logits, LogprobsMode};
+    for (v, seed) in [(32_000usize, 1u64), (4_099, 3), (100, 5)] {
+        let rows = [generate::row(RowKind::Peaked, v, seed), generate::row(RowKind::Gaussian, v, seed + 1)];
+        let h: Vec<Vec<f16>> = rows.iter().map(|r| r.iter().map(|&x| f16::from_f32(x)).collect()).collect();
+        let b: Vec<Vec<bf16>> = rows.iter().map(|r| r.iter().map(|&x| bf16::from_f32(x)).collect()).collect();
+        for (spec, convention) in [
+            ("greedy", Convention::LlamaCpp),
+            ("greedy", Convention::Transformers),
+            ("top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist", Convention::LlamaCpp),
+        ] {
+            for which in 0..2 {
+                let (row, other) = match which {
+                    0 => (Logits::F16(&h[0]), Logits::F16(&h[1])),
+                    _ => (Logits::Bf16(&b[1]), Logits::Bf16(&b[0])),
+                };
+                let ctx = BuildContext::new(v, RngConfig::philox(9)).with_convention(convention);
+                let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+                for n in [0usize, 1, 20] {
+                    chain.apply(other).unwrap();
+                    let sampled = chain.sample_with_logprobs(row, LogprobsMode::Raw, n).unwrap();
+                    let mut want = Vec::new();
+                    let logprob = tokensieve::logprobs::raw(row, sampled.token, n, &mut want);
+                    assert_eq!(sampled.logprob.to_bits(), logprob.to_bits(), "{spec} V={v} {which} n={n}");
+                    let bits = |v: &[tokensieve::TokenLogprob]| {
+                        v.iter().map(|t| (t.token, t.logprob.to_bits())).collect::<Vec<_>>()
+                    };
+                    assert_eq!(bits(&sampled.top_logprobs), bits(&want), "{spec} V={v} {which} n={n}");
+                }
+            }
+        }
+    }
+}
+
 /// f16 and bf16 rows (what candle and mistral.rs hand over): widened on the way in, and full
 /// of exact ties, which `top_k(k <= 128)` resolves by replaying libstdc++'s heap select over
 /// the blocks that reach the heap's minimum. The same candidates as the array path on the

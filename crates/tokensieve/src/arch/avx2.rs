@@ -208,9 +208,9 @@ pub(super) unsafe fn summarize_from<W: NanWatch>(
 /// See [`super::widen_summarize_f16`]: [`widen_f16`] part by part inside [`summarize`].
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; `out` must hold `src.len()` entries.
+/// The CPU must support AVX2, FMA and F16C; `out`, if given, must hold `src.len()` entries.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn widen_summarize_f16(src: &[half::f16], out: &mut [f32], block_max: &mut Vec<f32>) -> Summary {
+pub unsafe fn widen_summarize_f16(src: &[half::f16], out: Option<&mut [f32]>, block_max: &mut Vec<f32>) -> Summary {
     // SAFETY (closure): this function's features are `widen_f16`'s.
     widen_summarize_with::<FirstOperands, _>(src, out, block_max, |s, o| unsafe { widen_f16(s, o) })
 }
@@ -218,30 +218,41 @@ pub unsafe fn widen_summarize_f16(src: &[half::f16], out: &mut [f32], block_max:
 /// See [`super::widen_summarize_bf16`]: [`widen_bf16`] part by part inside [`summarize`].
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA; `out` must hold `src.len()` entries.
+/// The CPU must support AVX2 and FMA; `out`, if given, must hold `src.len()` entries.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn widen_summarize_bf16(src: &[half::bf16], out: &mut [f32], block_max: &mut Vec<f32>) -> Summary {
+pub unsafe fn widen_summarize_bf16(src: &[half::bf16], out: Option<&mut [f32]>, block_max: &mut Vec<f32>) -> Summary {
     // SAFETY (closure): this function's features are `widen_bf16`'s.
     widen_summarize_with::<FirstOperands, _>(src, out, block_max, |s, o| unsafe { widen_bf16(s, o) })
 }
 
 /// [`widen_summarize_f16`] or [`widen_summarize_bf16`] with the NaN watch `W` and the widening
-/// kernel `widen` (inlined into callers compiled with the features both need).
+/// kernel `widen` (inlined into callers compiled with the features both need). Without `out`,
+/// each part is widened into a buffer of one group of blocks instead, summarized while it is
+/// in L1, and not kept.
 #[inline(always)]
 pub(super) unsafe fn widen_summarize_with<W: NanWatch, T>(
     src: &[T],
-    out: &mut [f32],
+    out: Option<&mut [f32]>,
     block_max: &mut Vec<f32>,
     widen: impl Fn(&[T], &mut [f32]),
 ) -> Summary {
-    assert_eq!(out.len(), src.len(), "widen_summarize: wrong output length");
-    let o = out.as_mut_ptr();
+    let mut part = [0.0f32; 8 * BLOCK];
+    let (o, keep) = match out {
+        Some(out) => {
+            assert_eq!(out.len(), src.len(), "widen_summarize: wrong output length");
+            (out.as_mut_ptr(), true)
+        }
+        None => (part.as_mut_ptr(), false),
+    };
     summarize_from::<W>(
         src.len(),
         |start, n| {
-            // SAFETY: `start + n <= src.len() == out.len()`, and nothing else holds `out`.
-            widen(&src[start..start + n], std::slice::from_raw_parts_mut(o.add(start), n));
-            o.add(start)
+            // SAFETY: `start + n <= src.len()`: with `keep`, `out` holds `src.len()` entries;
+            // without, `n <= 8 * BLOCK` (`summarize_from` asks for a group of eight blocks or
+            // the rest after the last), all `part` holds. Nothing else holds either.
+            let at = if keep { o.add(start) } else { o };
+            widen(&src[start..start + n], std::slice::from_raw_parts_mut(at, n));
+            at
         },
         block_max,
     )

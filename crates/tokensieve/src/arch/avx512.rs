@@ -47,10 +47,10 @@ pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
 /// `OrderedMasks`.
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX-512VL, AVX2, FMA and F16C; `out` must hold `src.len()`
-/// entries.
+/// The CPU must support AVX-512F, AVX-512VL, AVX2, FMA and F16C; `out`, if given, must hold
+/// `src.len()` entries.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-pub unsafe fn widen_summarize_f16(src: &[half::f16], out: &mut [f32], block_max: &mut Vec<f32>) -> Summary {
+pub unsafe fn widen_summarize_f16(src: &[half::f16], out: Option<&mut [f32]>, block_max: &mut Vec<f32>) -> Summary {
     // SAFETY (closure): this function's features include `widen_f16`'s.
     avx2::widen_summarize_with::<OrderedMasks, _>(src, out, block_max, |s, o| unsafe { avx2::widen_f16(s, o) })
 }
@@ -59,9 +59,10 @@ pub unsafe fn widen_summarize_f16(src: &[half::f16], out: &mut [f32], block_max:
 /// `OrderedMasks`.
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX-512VL, AVX2 and FMA; `out` must hold `src.len()` entries.
+/// The CPU must support AVX-512F, AVX-512VL, AVX2 and FMA; `out`, if given, must hold
+/// `src.len()` entries.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-pub unsafe fn widen_summarize_bf16(src: &[half::bf16], out: &mut [f32], block_max: &mut Vec<f32>) -> Summary {
+pub unsafe fn widen_summarize_bf16(src: &[half::bf16], out: Option<&mut [f32]>, block_max: &mut Vec<f32>) -> Summary {
     // SAFETY (closure): this function's features include `widen_bf16`'s.
     avx2::widen_summarize_with::<OrderedMasks, _>(src, out, block_max, |s, o| unsafe { avx2::widen_bf16(s, o) })
 }

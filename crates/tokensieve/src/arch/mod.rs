@@ -169,23 +169,55 @@ pub fn widen_bf16(src: &[half::bf16], out: &mut Vec<f32>) {
 /// assert_eq!(again, block_max);
 /// ```
 pub fn widen_summarize_f16(src: &[half::f16], out: &mut Vec<f32>, block_max: &mut Vec<f32>) -> Summary {
-    #[cfg(target_arch = "x86_64")]
-    let kernel: Option<FusedWiden<half::f16>> = {
-        let c = caps();
-        // `f16c` is only set after AVX2, FMA and F16C were detected at runtime, `avx512vl` only
-        // beside them when AVX-512F and AVX-512VL were too.
-        c.f16c.then_some(if c.avx512vl { avx512::widen_summarize_f16 } else { avx2::widen_summarize_f16 })
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let kernel = None;
-    widen_summarize_by(src, out, block_max, kernel, widen_f16)
+    widen_summarize_by(src, out, block_max, f16_kernel(), widen_f16)
 }
 
 /// [`widen_bf16`] into `out`, then [`summarize`] of `out` into `block_max`, in one pass on CPUs
 /// with the SIMD kernels (see [`widen_summarize_f16`]).
 pub fn widen_summarize_bf16(src: &[half::bf16], out: &mut Vec<f32>, block_max: &mut Vec<f32>) -> Summary {
+    widen_summarize_by(src, out, block_max, bf16_kernel(), widen_bf16)
+}
+
+/// A fused widen-and-summarize kernel: its CPU features must have been detected, and the
+/// output, if given, must hold as many entries as the source.
+type FusedWiden<T> = unsafe fn(&[T], Option<&mut [f32]>, &mut Vec<f32>) -> Summary;
+
+/// [`widen_summarize_f16`]'s summary and block maxima without the widened row (each part is
+/// widened into a small buffer, summarized, and dropped): `None` where this CPU runs no fused
+/// kernel (then widen the row). For a path that needs only the summary and a block or two.
+pub fn summarize_f16(src: &[half::f16], block_max: &mut Vec<f32>) -> Option<Summary> {
+    summarize_half_by(src, block_max, f16_kernel())
+}
+
+/// [`summarize_f16`] for bf16 rows.
+pub fn summarize_bf16(src: &[half::bf16], block_max: &mut Vec<f32>) -> Option<Summary> {
+    summarize_half_by(src, block_max, bf16_kernel())
+}
+
+fn summarize_half_by<T>(src: &[T], block_max: &mut Vec<f32>, kernel: Option<FusedWiden<T>>) -> Option<Summary> {
+    let kernel = kernel?;
+    block_max.clear();
+    // SAFETY: the kernel was chosen only after its features were detected; no output.
+    Some(unsafe { kernel(src, None, block_max) })
+}
+
+/// The fused kernel for f16 rows this CPU runs, if any.
+fn f16_kernel() -> Option<FusedWiden<half::f16>> {
     #[cfg(target_arch = "x86_64")]
-    let kernel: Option<FusedWiden<half::bf16>> = {
+    {
+        let c = caps();
+        // `f16c` is only set after AVX2, FMA and F16C were detected at runtime, `avx512vl` only
+        // beside them when AVX-512F and AVX-512VL were too.
+        c.f16c.then_some(if c.avx512vl { avx512::widen_summarize_f16 } else { avx2::widen_summarize_f16 })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+/// The fused kernel for bf16 rows this CPU runs, if any.
+fn bf16_kernel() -> Option<FusedWiden<half::bf16>> {
+    #[cfg(target_arch = "x86_64")]
+    {
         let c = caps();
         // `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime, `avx512vl`
         // only beside them when AVX-512F and AVX-512VL were too.
@@ -194,15 +226,10 @@ pub fn widen_summarize_bf16(src: &[half::bf16], out: &mut Vec<f32>, block_max: &
         } else {
             avx2::widen_summarize_bf16
         })
-    };
+    }
     #[cfg(not(target_arch = "x86_64"))]
-    let kernel = None;
-    widen_summarize_by(src, out, block_max, kernel, widen_bf16)
+    None
 }
-
-/// A fused widen-and-summarize kernel: its CPU features must have been detected, and the
-/// output must hold as many entries as the source.
-type FusedWiden<T> = unsafe fn(&[T], &mut [f32], &mut Vec<f32>) -> Summary;
 
 /// The body of the `widen_summarize_*` functions: `kernel` where this CPU runs one (chosen by
 /// the caller after detection), else `widen` then [`summarize`].
@@ -219,7 +246,7 @@ fn widen_summarize_by<T>(
             block_max.clear();
             // SAFETY: the caller chose `kernel` only after its features were detected; `out`
             // was resized to `src.len()`.
-            unsafe { kernel(src, out, block_max) }
+            unsafe { kernel(src, Some(out), block_max) }
         }
         None => {
             widen(src, out);
@@ -1292,19 +1319,34 @@ mod tests {
             prop_assert_eq!(bits(&got_row), bits(&want_row));
             prop_assert_eq!(bits(&got_bm), bits(&want_bm));
             prop_assert_eq!((got.max.to_bits(), got.max_block, got.suspect), (want.max.to_bits(), want.max_block, want.suspect));
+            // Without the widened row: the same summary and block maxima where a kernel runs.
+            for bf in [false, true] {
+                let (got, want_row): (_, Vec<f32>) = if bf {
+                    (summarize_bf16(&b, &mut got_bm), b.iter().map(|x| x.to_f32()).collect())
+                } else {
+                    (summarize_f16(&h, &mut got_bm), h.iter().map(|x| x.to_f32()).collect())
+                };
+                let want = summarize(&want_row, &mut want_bm);
+                #[cfg(target_arch = "x86_64")]
+                prop_assert_eq!(got.is_some(), if bf { isa() == Isa::Avx2 } else { caps().f16c });
+                if let Some(got) = got {
+                    prop_assert_eq!(bits(&got_bm), bits(&want_bm));
+                    prop_assert_eq!((got.max.to_bits(), got.max_block, got.suspect), (want.max.to_bits(), want.max_block, want.suspect));
+                }
+            }
             #[cfg(target_arch = "x86_64")]
             if caps().f16c {
                 let n = r.len();
                 let (mut row2, mut bm2) = (vec![0.0f32; n], Vec::new());
                 // SAFETY: `f16c` implies AVX2, FMA and F16C were detected; `row2` holds `n`.
-                let s2 = unsafe { avx2::widen_summarize_f16(&h, &mut row2, &mut bm2) };
+                let s2 = unsafe { avx2::widen_summarize_f16(&h, Some(&mut row2), &mut bm2) };
                 widen_f16(&h, &mut want_row);
                 let want = summarize(&want_row, &mut want_bm);
                 prop_assert_eq!(bits(&row2), bits(&want_row));
                 prop_assert_eq!(bits(&bm2), bits(&want_bm));
                 prop_assert_eq!((s2.max.to_bits(), s2.max_block), (want.max.to_bits(), want.max_block));
                 // SAFETY: as above (AVX2 and FMA).
-                let s3 = unsafe { avx2::widen_summarize_bf16(&b, &mut row2, &mut bm2) };
+                let s3 = unsafe { avx2::widen_summarize_bf16(&b, Some(&mut row2), &mut bm2) };
                 widen_bf16(&b, &mut want_row);
                 let want = summarize(&want_row, &mut want_bm);
                 prop_assert_eq!(bits(&row2), bits(&want_row));

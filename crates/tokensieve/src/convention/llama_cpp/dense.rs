@@ -8,7 +8,8 @@
 //!
 //! 1. summarises the row in one SIMD pass ([`arch::summarize`]): validation, the maximum, and
 //!    the maximum of every block of [`arch::BLOCK`] entries (f16/bf16 rows are widened into a
-//!    reused buffer first);
+//!    reused buffer in the same pass; when sampling starts with `greedy`, which reads only the
+//!    maximum's block, they are summarized part by part and not kept);
 //! 2. folds leading `penalties` and `logit_bias` stages into a sparse *overlay* (id → edited
 //!    logit, sorted by id): on an array still in vocabulary order they touch only the ids in
 //!    the penalty window and the bias list, with the same f32 operations;
@@ -117,6 +118,9 @@ use crate::stdsort;
 pub(crate) struct Scratch {
     /// f16/bf16 rows widened to f32.
     widened: Vec<f32>,
+    /// Whether `widened` holds the row of the last [`prepare`] (`greedy` on a half-precision
+    /// row reads only the maximum's block, and leaves it stale).
+    widened_now: bool,
     /// Maximum of every block of the row ([`arch::summarize`]).
     pub(crate) block_max: Vec<f32>,
     /// Sparse edits of leading penalties/logit_bias stages: (id, logit), sorted by id.
@@ -214,10 +218,24 @@ pub(crate) fn prepare(
 ) -> Result<Prepared> {
     s.summary = None;
     s.path = Path::Array;
+    s.widened_now = false;
     if row.is_empty() {
         c.begin(0);
         return Err(Error::empty_row());
     }
+    if greedy_first(stages, need) {
+        // A half-precision row is summarized part by part without being kept: `greedy` reads
+        // only the maximum's block.
+        let summary = match row {
+            Logits::F32(_) => None,
+            Logits::F16(h) => arch::summarize_f16(h, &mut s.block_max),
+            Logits::Bf16(b) => arch::summarize_bf16(b, &mut s.block_max),
+        };
+        if let Some(summary) = summary {
+            return greedy_half(row, summary, s, c).map(Prepared::Selected);
+        }
+    }
+    s.widened_now = !matches!(row, Logits::F32(_));
     let mut widened = std::mem::take(&mut s.widened);
     // PERF: element by element through `Logits::for_each`, widening cost ~50x the floor at
     // V = 128k; the arch kernels convert 8 values per instruction, and summarize each part of
@@ -252,9 +270,7 @@ fn prepare_f32(
     // [`arch::locate_max`] skips the block maxima (`s.block_max` is left empty; raw logprobs
     // compute them if asked). transformers' `greedy` on an unprocessed row is the same scan:
     // the lowest id among the maxima.
-    if need == Need::Token
-        && matches!(stages.iter().find(|st| !st.is_inert()), Some(Stage::Greedy(_) | Stage::HfGreedy(_)))
-    {
+    if greedy_first(stages, need) {
         let summary = match known {
             Some(summary) => summary,
             None => {
@@ -1305,6 +1321,37 @@ fn greedy(r: &[f32], summary: Summary, s: &mut Scratch, c: &mut Candidates) -> R
     Ok(id)
 }
 
+/// Whether sampling starts with `greedy` (either convention's: on an unprocessed row both pick
+/// the lowest id among the maxima).
+fn greedy_first(stages: &[Stage], need: Need) -> bool {
+    need == Need::Token
+        && matches!(stages.iter().find(|st| !st.is_inert()), Some(Stage::Greedy(_) | Stage::HfGreedy(_)))
+}
+
+/// [`greedy`] on a half-precision row from its `summary` alone (no overlay: `greedy` comes
+/// first): the maximum's block widened, the first entry equal to the maximum in it.
+fn greedy_half(row: Logits<'_>, summary: Summary, s: &mut Scratch, c: &mut Candidates) -> Result<u32> {
+    if summary.suspect {
+        if let Err(e) = row.validate() {
+            c.begin(0);
+            return Err(e);
+        }
+    }
+    s.overlay.clear();
+    s.summary = Some(summary);
+    s.path = Path::Fast("greedy");
+    let start = summary.max_block * BLOCK;
+    let id = (start..(start + BLOCK).min(row.len())).find(|&i| row.get(i) == summary.max).unwrap_or(start);
+    let logit = row.get(id);
+    c.begin(row.len());
+    if logit == f32::NEG_INFINITY {
+        return Err(Error::no_candidates("greedy"));
+    }
+    c.data.push(TokenData { id: id as u32, logit, p: 0.0 });
+    c.selected = Some(0);
+    Ok(id as u32)
+}
+
 /// `[temperature(t > 0);] dist` on the untouched row (when sampling). `None`: not this chain.
 fn dist(
     stages: &mut [Stage],
@@ -1818,7 +1865,13 @@ pub(crate) fn raw_logprobs(
     s: &mut Scratch,
 ) -> Option<f32> {
     let summary = s.summary?;
-    let widened = std::mem::take(&mut s.widened);
+    let mut widened = std::mem::take(&mut s.widened);
+    match row {
+        Logits::F16(h) if !s.widened_now => arch::widen_f16(h, &mut widened),
+        Logits::Bf16(b) if !s.widened_now => arch::widen_bf16(b, &mut widened),
+        _ => {}
+    }
+    s.widened_now = !matches!(row, Logits::F32(_));
     let r: &[f32] = match row {
         Logits::F32(r) => r,
         _ => &widened,
