@@ -956,7 +956,7 @@ fn half_precision_ties_at_the_draw_replay_the_heap_with_the_same_draw() {
                                 match chain.last_path() {
                                     Path::Fast("top-k;dist") => kept += 1,
                                     // After the replay, llama.cpp's candidates exactly.
-                                    Path::Fast("top-k") => {
+                                    Path::Fast("top-k;dist (ties replayed)") => {
                                         same(chain.candidates(), &want).unwrap_or_else(|e| panic!("{at}: {e}"));
                                         replayed += 1;
                                     }

@@ -674,7 +674,8 @@ fn fill_ranked(k: usize, n: usize, s: &Scratch, c: &mut Candidates) {
 /// position, only the token at that position. So the chain runs on the ranking with equal
 /// values by id, and the token stands if no other entry of row + overlay holds its value;
 /// otherwise the heap select orders the kept entries and the chain runs again with the same
-/// draw (the stages before `dist` keep no state). `None`: not this chain, or no ties.
+/// draw (the stages before `dist` keep no state). Without ties, just `top_k` (its ranking is
+/// llama.cpp's order). `None`: not this chain, or too few blocks to bound the top `k`.
 fn top_k_dist(
     stages: &mut [Stage],
     first: usize,
@@ -696,11 +697,16 @@ fn top_k_dist(
     if k == 0 || k > 128 || !matches!(stages.get(at), Some(Stage::Dist(_))) {
         return Ok(None);
     }
-    // No ties: `top_k`'s own ranking is llama.cpp's order.
-    if rank_top(k, r, s) != Some(false) {
-        return Ok(None);
+    match rank_top(k, r, s) {
+        None => return Ok(None),
+        Some(true) => {
+            // No ties: the ranking is llama.cpp's order, and `top_k` is done.
+            fill_ranked(k, r.len(), s, c);
+            s.path = Path::Fast(stages[first].name());
+            return Ok(Some(Prepared::Built { applied: first + 1 }));
+        }
+        Some(false) => fill_ranked(k, r.len(), s, c),
     }
-    fill_ranked(k, r.len(), s, c);
     for stage in &mut stages[first + 1..at] {
         stage.apply(c)?;
     }
@@ -717,7 +723,7 @@ fn top_k_dist(
         return Ok(Some(Prepared::Built { applied: at + 1 }));
     }
     if top_k_by_heap(k, r, s, c) {
-        s.path = Path::Fast("top-k");
+        s.path = Path::Fast("top-k;dist (ties replayed)");
         for stage in &mut stages[first + 1..at] {
             stage.apply(c)?;
         }
