@@ -278,15 +278,7 @@ fn prepare_f32(
                 arch::locate_max(r)
             }
         };
-        if summary.suspect {
-            if let Err(e) = row.validate() {
-                c.begin(0);
-                return Err(e);
-            }
-        }
-        s.overlay.clear();
-        s.summary = Some(summary);
-        s.path = Path::Fast("greedy");
+        start_greedy(row, summary, s, c)?;
         return greedy(r, summary, s, c).map(Prepared::Selected);
     }
     let summary = match known {
@@ -1334,9 +1326,9 @@ fn greedy_first(stages: &[Stage], need: Need) -> bool {
         && matches!(stages.iter().find(|st| !st.is_inert()), Some(Stage::Greedy(_) | Stage::HfGreedy(_)))
 }
 
-/// [`greedy`] on a half-precision row from its `summary` alone (no overlay: `greedy` comes
-/// first): the maximum's block widened, the first entry equal to the maximum in it.
-fn greedy_half(row: Logits<'_>, summary: Summary, s: &mut Scratch, c: &mut Candidates) -> Result<u32> {
+/// A leading `greedy`'s start: the row validated where its `summary` saw a NaN or `+inf`
+/// (the candidates left empty on an error), no overlay, the summary and the path recorded.
+fn start_greedy(row: Logits<'_>, summary: Summary, s: &mut Scratch, c: &mut Candidates) -> Result<()> {
     if summary.suspect {
         if let Err(e) = row.validate() {
             c.begin(0);
@@ -1346,6 +1338,13 @@ fn greedy_half(row: Logits<'_>, summary: Summary, s: &mut Scratch, c: &mut Candi
     s.overlay.clear();
     s.summary = Some(summary);
     s.path = Path::Fast("greedy");
+    Ok(())
+}
+
+/// [`greedy`] on a half-precision row from its `summary` alone (no overlay: `greedy` comes
+/// first): the maximum's block widened, the first entry equal to the maximum in it.
+fn greedy_half(row: Logits<'_>, summary: Summary, s: &mut Scratch, c: &mut Candidates) -> Result<u32> {
+    start_greedy(row, summary, s, c)?;
     let start = summary.max_block * BLOCK;
     let id = (start..(start + BLOCK).min(row.len())).find(|&i| row.get(i) == summary.max).unwrap_or(start);
     let logit = row.get(id);
