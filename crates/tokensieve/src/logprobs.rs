@@ -17,9 +17,10 @@
 //! order, then the row in id order but where libstdc++'s heap select swapped an entry into the
 //! heap (there the value it pushed out). With `n = 0` there is no sort and the row is summed in
 //! id order. The sum is formed without building the array: when it cannot depend on the order
-//! of its terms ([`arch::exp_sum_unordered`]) over the row less its top `n`, else over the row
-//! patched where the heap select swapped ([`arch::exp_sum_sequential_patched`]); either way
-//! only the entries that can change it are exponentiated. `logprob = logit - max - ln(sum)`
+//! of its terms, over the row less its top `n` (the entries that can change it gathered from
+//! the blocks that hold them, or [`arch::exp_sum_unordered`] without AVX-512), else over the
+//! row patched where the heap select swapped ([`arch::exp_sum_sequential_patched`]); either
+//! way only the entries that can change it are exponentiated. `logprob = logit - max - ln(sum)`
 //! in f64.
 //! Processed mode sums f64 exponentials.
 //!
@@ -210,6 +211,10 @@ pub(crate) struct ServerOrder {
     heap: Vec<f32>,
     /// `(position, value)` where the summed sequence differs from the row.
     patches: Vec<(u32, f32)>,
+    /// The terms that can change the sum, when the order cannot ([`ServerOrder::collect`]).
+    queue: arch::CollectScratch,
+    /// The queued values at or above the top's least, and where.
+    hits: Vec<(usize, f32)>,
 }
 
 impl ServerOrder {
@@ -231,14 +236,48 @@ impl ServerOrder {
         if n == r.len() {
             return sum;
         }
-        self.patches.clear();
-        self.patches.extend(top.iter().map(|t| (t.token, f32::NEG_INFINITY)));
-        self.patches.sort_unstable_by_key(|p| p.0);
-        if let Some(total) = arch::exp_sum_unordered(sum, r, max, block_max, &self.patches) {
+        let unordered = match self.collect(r, max, block_max, top, sum) {
+            Some(queued) => arch::exp_sum_unordered_values(sum, &self.queue.values[..queued], max),
+            None => {
+                self.patches.clear();
+                self.patches.extend(top.iter().map(|t| (t.token, f32::NEG_INFINITY)));
+                self.patches.sort_unstable_by_key(|p| p.0);
+                arch::exp_sum_unordered(sum, r, max, block_max, &self.patches)
+            }
+        };
+        if let Some(total) = unordered {
             return total;
         }
         self.scan(r, block_max, n);
         arch::exp_sum_sequential_patched(sum, r, max, block_max, &self.patches)
+    }
+
+    /// Queues the terms after the top `n` that can change the sum from `start` (the top's
+    /// sum), in no order, padded with `-inf` to a multiple of 16; returns how many values to
+    /// sum. `None` where the kernels cannot ([`arch::collect_ge`]).
+    ///
+    /// The entries at or above the sum's threshold are queued, then the top `n` are taken out
+    /// by value: every queued value above the n-th largest (all of them are in the top), and as
+    /// many equal to it as the top holds. An entry the sum can see is queued wherever it
+    /// occurs, so the counts match; one below the threshold adds nothing and is not there.
+    fn collect(&mut self, r: &[f32], max: f32, block_max: &[f32], top: &[TokenLogprob], start: f32) -> Option<usize> {
+        let threshold = arch::skip_threshold(max, arch::log_half_ulp(start));
+        let queued = arch::collect_ge(r, block_max, threshold, &mut self.queue)?;
+        let last = top[top.len() - 1].logprob;
+        let mut ties = top.iter().rev().take_while(|t| t.logprob == last).count();
+        self.hits.clear();
+        for (c, chunk) in self.queue.values[..queued].chunks(BLOCK).enumerate() {
+            arch::for_each_ge(chunk, last, |i, x| self.hits.push((c * BLOCK + i, x)));
+        }
+        for &(i, x) in &self.hits {
+            if x > last || ties > 0 {
+                ties -= usize::from(x == last);
+                self.queue.values[i] = f32::NEG_INFINITY;
+            }
+        }
+        let padded = queued.div_ceil(16) * 16;
+        self.queue.values[queued..padded].fill(f32::NEG_INFINITY);
+        Some(padded)
     }
 
     /// Runs the heap select over `r` and leaves in `patches` where the summed sequence differs

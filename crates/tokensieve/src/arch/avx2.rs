@@ -814,18 +814,9 @@ pub(super) unsafe fn exp_sum_unordered_with<S: BlockScan>(
     const { assert!(QUEUE + BLOCK + 8 <= INCREMENTS_MAX, "a queue is added by one `increments` call") };
     // Blocks with at least this many entries at or above the threshold are added whole.
     const DENSE: usize = 40;
-    let scale = ulp_scale(start)?;
-    let room = u64::from((1u32 << 23) - (start.to_bits() & 0x7f_ffff));
+    let mut total = UlpTotal::new(start, sub)?;
     let threshold = super::skip_threshold(sub, super::log_half_ulp(start));
-    let mut total = 0u64;
-    // Adds the increments of `xs` (a multiple of 8 entries, at most a queue's) to `total`; false
-    // once one is a tie or out of range, or the total has no room left.
-    let approx = scale <= APPROX_SCALE_MAX;
-    let mut add = |xs: &[f32]| {
-        let (k, exact) = if approx { S::increments_approx(xs, sub, scale) } else { S::increments(xs, sub, scale) };
-        total += u64::from(k);
-        exact && total < room
-    };
+    let mut add = |xs: &[f32]| total.add::<S>(xs);
     // As in `exp_sum_sequential_with`: a full queue is added only once the other is full too,
     // so its entries are not loaded right after their overlapping stores.
     let mut queues = [[f32::NEG_INFINITY; QUEUE + BLOCK + 8]; 2];
@@ -884,7 +875,63 @@ pub(super) unsafe fn exp_sum_unordered_with<S: BlockScan>(
             return None;
         }
     }
-    Some(f32::from_bits(start.to_bits() + total as u32))
+    Some(total.sum())
+}
+
+/// [`exp_sum_unordered_with`] over the values `xs` instead of a row (a multiple of 8 of
+/// them; `-inf` pads): `start` plus the weights of `xs` in any order, when that cannot depend
+/// on the order. Every value at or above the threshold for `start` must be there, each as
+/// often as it is summed; values below it add nothing either way.
+#[inline(always)]
+pub(super) unsafe fn exp_sum_unordered_values_with<S: BlockScan>(start: f32, xs: &[f32], sub: f32) -> Option<f32> {
+    assert!(xs.len().is_multiple_of(8), "exp_sum_unordered_values: not a multiple of 8 values");
+    let mut total = UlpTotal::new(start, sub)?;
+    for chunk in xs.chunks(INCREMENTS_MAX) {
+        if !total.add::<S>(chunk) {
+            return None;
+        }
+    }
+    Some(total.sum())
+}
+
+/// The total of [`exp_sum_unordered_with`]: whole ulps of `start`'s binade, added group by
+/// group, with the room left in the binade.
+struct UlpTotal {
+    start: f32,
+    sub: f32,
+    scale: f32,
+    /// Whether the scale allows [`increments_approx`].
+    approx: bool,
+    room: u64,
+    total: u64,
+}
+
+impl UlpTotal {
+    /// `None` where `start`'s ulp has no scale ([`ulp_scale`]).
+    #[inline(always)]
+    fn new(start: f32, sub: f32) -> Option<Self> {
+        let scale = ulp_scale(start)?;
+        let room = u64::from((1u32 << 23) - (start.to_bits() & 0x7f_ffff));
+        Some(Self { start, sub, scale, approx: scale <= APPROX_SCALE_MAX, room, total: 0 })
+    }
+
+    /// Adds the increments of `xs` (a multiple of 8 entries, at most [`INCREMENTS_MAX`]);
+    /// false once one is a tie or out of range, or the total has no room left.
+    #[inline(always)]
+    unsafe fn add<S: BlockScan>(&mut self, xs: &[f32]) -> bool {
+        let (k, exact) = if self.approx {
+            S::increments_approx(xs, self.sub, self.scale)
+        } else {
+            S::increments(xs, self.sub, self.scale)
+        };
+        self.total += u64::from(k);
+        exact && self.total < self.room
+    }
+
+    /// `start` plus the total (the binade kept: `add` said so).
+    fn sum(&self) -> f32 {
+        f32::from_bits(self.start.to_bits() + self.total as u32)
+    }
 }
 
 /// How [`exp_sum_sequential_with`] finds, queues and adds the entries of whole blocks: 8 lanes

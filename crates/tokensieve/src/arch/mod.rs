@@ -603,8 +603,9 @@ pub fn exp_sum_sequential_patched(start: f32, row: &[f32], sub: f32, block_max: 
 /// unless the quotient is a tie (`j + 1/2`, where the sum's last bit decides). So when no
 /// weight's quotient is a tie (the AVX2/AVX-512 kernels certify it while computing the whole
 /// numbers) and their total keeps the sum in `start`'s binade, any order of the same weights
-/// from `start` gives `start` plus that total in ulps. Raw logprobs use it to sum the row in llama-server's order (a permutation of the row)
-/// without computing that order.
+/// from `start` gives `start` plus that total in ulps. Raw logprobs use it (with AVX-512, the
+/// same total over the entries gathered from the blocks that can hold one) to sum the row in
+/// llama-server's order (a permutation of the row) without computing that order.
 ///
 /// ```
 /// use tokensieve::arch::{exp_sum_sequential_patched, exp_sum_unordered, summarize};
@@ -629,6 +630,52 @@ pub fn exp_sum_unordered(start: f32, row: &[f32], sub: f32, block_max: &[f32], p
         }
     }
     None
+}
+
+/// [`exp_sum_unordered`] over values instead of a row: `start` plus `expf(x - sub)` for every
+/// `x` of `xs` (a multiple of 8 of them; `-inf` pads), when no order of those additions can
+/// change the f32 sum; `None` otherwise, or without the AVX-512 kernels (as
+/// [`collect_ge`], which gathers such values). Values below
+/// `skip_threshold(sub, log_half_ulp(start))` add nothing and may be there or not.
+pub(crate) fn exp_sum_unordered_values(start: f32, xs: &[f32], sub: f32) -> Option<f32> {
+    let c = caps();
+    #[cfg(target_arch = "x86_64")]
+    if c.exact_exp && c.avx512 {
+        // SAFETY: as in `exp_sum_sequential_patched`.
+        return unsafe { avx512::exp_sum_unordered_values(start, xs, sub) };
+    }
+    let _ = (c, start, xs, sub);
+    None
+}
+
+/// The entries of `row` at or above `threshold` (its block maxima `block_max`), in no
+/// particular order: the first `n` values of `queue.values` (grown as needed; the rest is
+/// scratch), `n` returned. Only the blocks whose maximum reaches the threshold are read. `None` without
+/// the AVX-512 kernels (where [`exp_sum_unordered`] scans the row itself). For NaN-free input.
+pub(crate) fn collect_ge(row: &[f32], block_max: &[f32], threshold: f32, queue: &mut CollectScratch) -> Option<usize> {
+    let c = caps();
+    #[cfg(target_arch = "x86_64")]
+    if c.exact_exp && c.avx512 {
+        if queue.values.len() < row.len() + BLOCK {
+            queue.values.resize(row.len() + BLOCK, f32::NEG_INFINITY);
+        }
+        if queue.blocks.len() < block_max.len() + 16 {
+            queue.blocks.resize(block_max.len() + 16, 0);
+        }
+        // SAFETY: `avx512` is only set beside AVX2 and FMA, when AVX-512F and POPCNT were
+        // detected.
+        return Some(unsafe { avx512::collect_ge(row, block_max, threshold, &mut queue.blocks, &mut queue.values) });
+    }
+    let _ = (c, row, block_max, threshold, queue);
+    None
+}
+
+/// [`collect_ge`]'s buffers: the queued values (the first `n`, `n` returned), and the list of
+/// blocks it read.
+#[derive(Debug, Default)]
+pub(crate) struct CollectScratch {
+    pub(crate) values: Vec<f32>,
+    blocks: Vec<u32>,
 }
 
 /// The preconditions of the sequential sums' arguments (`name`'s panics say which).
@@ -1513,6 +1560,41 @@ mod tests {
                     let wide = unsafe { avx512::exp_sum_unordered(start, &r, sub, &bm, &[]) };
                     prop_assert_eq!(wide.map(f32::to_bits), got.map(f32::to_bits));
                 }
+            }
+        }
+
+        /// `collect_ge` queues exactly the entries at or above the threshold (as a multiset),
+        /// whichever lanes and blocks they share; the unordered sum over them, with the entries
+        /// below the threshold or without, is `exp_sum_unordered`'s over the row.
+        #[test]
+        fn collected_entries_are_those_at_or_above_the_threshold(
+            r in prop_oneof![row(), dense_row()],
+            below in prop_oneof![Just(0.0f32), 0.0f32..20.0, Just(16.7f32)],
+            start in prop_oneof![Just(1.0f32), 1.0f32..4.0, 1.0f32..70_000.0],
+        ) {
+            let r: Vec<f32> = r.into_iter().map(|x| x.clamp(-1e30, 1e30)).collect();
+            let max = portable::max(&r);
+            prop_assume!(max.is_finite());
+            let mut bm = Vec::new();
+            portable::summarize(&r, &mut bm);
+            let mut scratch = CollectScratch::default();
+            let Some(n) = collect_ge(&r, &bm, max - below, &mut scratch) else {
+                return Ok(()); // no AVX-512 here: the row is scanned by `exp_sum_unordered`
+            };
+            let mut got = scratch.values[..n].to_vec();
+            let mut want: Vec<f32> = r.iter().copied().filter(|&x| x >= max - below).collect();
+            got.sort_by(f32::total_cmp);
+            want.sort_by(f32::total_cmp);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&got), bits(&want));
+            // The sum's own threshold, and one far below it (every entry queued).
+            let whole = exp_sum_unordered(start, &r, max, &bm, &[]);
+            for t in [skip_threshold(max, log_half_ulp(start)), f32::NEG_INFINITY] {
+                let n = collect_ge(&r, &bm, t, &mut scratch).unwrap();
+                let padded = n.div_ceil(16) * 16;
+                scratch.values[n..padded].fill(f32::NEG_INFINITY);
+                let sum = exp_sum_unordered_values(start, &scratch.values[..padded], max);
+                prop_assert_eq!(sum.map(f32::to_bits), whole.map(f32::to_bits));
             }
         }
 
