@@ -211,9 +211,10 @@ pub(crate) struct ServerOrder {
     heap: Vec<f32>,
     /// `(position, value)` where the summed sequence differs from the row.
     patches: Vec<(u32, f32)>,
-    /// The terms that can change the sum, when the order cannot ([`ServerOrder::collect`]).
-    queue: arch::CollectScratch,
-    /// The queued values at or above the top's least, and where.
+    /// Gathers the terms that can change the sum, when the order cannot
+    /// ([`ServerOrder::sum_collected`]).
+    collector: arch::Collector,
+    /// The gathered values at or above the top's least, and where.
     hits: Vec<(usize, f32)>,
 }
 
@@ -236,14 +237,14 @@ impl ServerOrder {
         if n == r.len() {
             return sum;
         }
-        let unordered = match self.collect(r, max, block_max, top, sum) {
-            Some(queued) => arch::exp_sum_unordered_values(sum, &self.queue.values[..queued], max),
-            None => {
-                self.patches.clear();
-                self.patches.extend(top.iter().map(|t| (t.token, f32::NEG_INFINITY)));
-                self.patches.sort_unstable_by_key(|p| p.0);
-                arch::exp_sum_unordered(sum, r, max, block_max, &self.patches)
-            }
+        let threshold = arch::skip_threshold(max, arch::log_half_ulp(sum));
+        let unordered = if self.collector.start(block_max, threshold) {
+            self.sum_collected(r, max, top, sum, threshold)
+        } else {
+            self.patches.clear();
+            self.patches.extend(top.iter().map(|t| (t.token, f32::NEG_INFINITY)));
+            self.patches.sort_unstable_by_key(|p| p.0);
+            arch::exp_sum_unordered(sum, r, max, block_max, &self.patches)
         };
         if let Some(total) = unordered {
             return total;
@@ -252,32 +253,37 @@ impl ServerOrder {
         arch::exp_sum_sequential_patched(sum, r, max, block_max, &self.patches)
     }
 
-    /// Queues the terms after the top `n` that can change the sum from `start` (the top's
-    /// sum), in no order, padded with `-inf` to a multiple of 16; returns how many values to
-    /// sum. `None` where the kernels cannot ([`arch::collect_ge`]).
+    /// The sum from `start` (the top's) over the row less its top `n`, when no order of its
+    /// terms can change it: chunk by chunk over the entries at or above `threshold` (the
+    /// sum's own, which [`arch::Collector::start`] was given), each chunk added in any order
+    /// ([`arch::exp_sum_unordered_values`], from the sum so far, whose binade is `start`'s).
+    /// `None` as soon as a chunk shows that the order matters.
     ///
-    /// The entries at or above the sum's threshold are queued, then the top `n` are taken out
-    /// by value: every queued value above the n-th largest (all of them are in the top), and as
-    /// many equal to it as the top holds. An entry the sum can see is queued wherever it
-    /// occurs, so the counts match; one below the threshold adds nothing and is not there.
-    fn collect(&mut self, r: &[f32], max: f32, block_max: &[f32], top: &[TokenLogprob], start: f32) -> Option<usize> {
-        let threshold = arch::skip_threshold(max, arch::log_half_ulp(start));
-        let queued = arch::collect_ge(r, block_max, threshold, &mut self.queue)?;
+    /// The top `n` are taken out by value: every gathered value above the n-th largest (all of
+    /// them are in the top), and as many equal to it as the top holds. An entry the sum can
+    /// see is gathered wherever it occurs, so the counts match; one below the threshold adds
+    /// nothing and is not there.
+    fn sum_collected(&mut self, r: &[f32], max: f32, top: &[TokenLogprob], start: f32, threshold: f32) -> Option<f32> {
         let last = top[top.len() - 1].logprob;
         let mut ties = top.iter().rev().take_while(|t| t.logprob == last).count();
-        self.hits.clear();
-        for (c, chunk) in self.queue.values[..queued].chunks(BLOCK).enumerate() {
-            arch::for_each_ge(chunk, last, |i, x| self.hits.push((c * BLOCK + i, x)));
-        }
-        for &(i, x) in &self.hits {
-            if x > last || ties > 0 {
-                ties -= usize::from(x == last);
-                self.queue.values[i] = f32::NEG_INFINITY;
+        let mut sum = start;
+        loop {
+            let chunk = self.collector.next(r, threshold);
+            if chunk.is_empty() {
+                return Some(sum);
             }
+            self.hits.clear();
+            for (c, part) in chunk.chunks(BLOCK).enumerate() {
+                arch::for_each_ge(part, last, |i, x| self.hits.push((c * BLOCK + i, x)));
+            }
+            for &(i, x) in &self.hits {
+                if x > last || ties > 0 {
+                    ties -= usize::from(x == last);
+                    chunk[i] = f32::NEG_INFINITY;
+                }
+            }
+            sum = arch::exp_sum_unordered_values(sum, chunk, max)?;
         }
-        let padded = queued.div_ceil(16) * 16;
-        self.queue.values[queued..padded].fill(f32::NEG_INFINITY);
-        Some(padded)
     }
 
     /// Runs the heap select over `r` and leaves in `patches` where the summed sequence differs

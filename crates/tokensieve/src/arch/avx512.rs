@@ -289,29 +289,14 @@ pub(crate) unsafe fn exp_sum_unordered_values(start: f32, xs: &[f32], sub: f32) 
     super::avx2::exp_sum_unordered_values_with::<Avx512Scan>(start, xs, sub)
 }
 
-/// See [`super::collect_ge`]. First the blocks whose maximum reaches the threshold are listed
-/// (one compare and one compress of their indices per 16 maxima), then each listed block's
-/// entries at or above it are queued: by one compress of its lane-wise maximum where no lane
-/// holds two of them (the usual case on a language-model row), else one compress per vector.
-///
-/// PERF: on the bench's row at V = 32,000, 410 of the 500 blocks pass with two or three entries
-/// each. [`super::exp_sum_unordered`]'s scan (a branch per passing block, four compresses and
-/// stores each, and the patches checked block by block) took 2.3 µs there. Listing the blocks
-/// first leaves the loop over them one branch, seldom taken, and its loads known ahead.
+/// See [`super::Collector::start`]: the indices of the blocks whose maximum reaches
+/// `threshold` into `blocks` (one compare and one compress per 16 maxima); returns how many.
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
 #[target_feature(enable = "avx512f,avx2,fma,popcnt")]
-pub(crate) unsafe fn collect_ge(
-    row: &[f32],
-    block_max: &[f32],
-    threshold: f32,
-    blocks: &mut [u32],
-    queue: &mut [f32],
-) -> usize {
-    assert_eq!(block_max.len(), row.len().div_ceil(BLOCK), "collect_ge: wrong block count");
-    assert!(blocks.len() >= block_max.len() + 16, "collect_ge: no room for the block list");
-    assert!(queue.len() >= row.len() + BLOCK, "collect_ge: no room in the queue");
+pub(crate) unsafe fn list_blocks_ge(block_max: &[f32], threshold: f32, blocks: &mut [u32]) -> usize {
+    assert!(blocks.len() >= block_max.len() + 16, "list_blocks_ge: no room for the block list");
     let t = _mm512_set1_ps(threshold);
     let mut listed = 0;
     let groups = block_max.chunks_exact(16);
@@ -330,14 +315,43 @@ pub(crate) unsafe fn collect_ge(
         blocks[listed] = (first + j) as u32;
         listed += usize::from(bm >= threshold);
     }
+    listed
+}
+
+/// See [`super::Collector::next`]: queues the entries of `row` at or above `threshold` from the
+/// listed `blocks` (whose maxima reach it), from the start of `queue` until it holds at least
+/// `limit` values or the blocks run out; returns how many blocks were read and how many
+/// values queued. Each block's entries go by one compress of its lane-wise maximum where no
+/// lane holds two of them (the usual case on a language-model row), else one per vector.
+///
+/// PERF: on the bench's row at V = 32,000, 410 of the 500 blocks pass with two or three entries
+/// each. [`super::exp_sum_unordered`]'s scan (a branch per passing block, four compresses and
+/// stores each, and the patches checked block by block) took 2.3 µs there; listing the blocks
+/// first leaves this loop one branch, seldom taken, and its loads known ahead (1.3 µs).
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
+#[target_feature(enable = "avx512f,avx2,fma,popcnt")]
+pub(crate) unsafe fn collect_listed(
+    row: &[f32],
+    blocks: &[u32],
+    threshold: f32,
+    queue: &mut [f32],
+    limit: usize,
+) -> (usize, usize) {
+    assert!(queue.len() >= limit + BLOCK, "collect_listed: no room in the queue");
+    let t = _mm512_set1_ps(threshold);
     let whole = row.len() / BLOCK;
     let q = queue.as_mut_ptr();
     let mut n = 0;
-    for &b in &blocks[..listed] {
+    for (read, &b) in blocks.iter().enumerate() {
+        if n >= limit {
+            return (read, n);
+        }
         let b = b as usize;
         if b < whole {
-            // SAFETY: block `b` is a whole block of `row`; the queue has room for a block
-            // beyond every entry of the row (`n` counts queued entries of the row).
+            // SAFETY: block `b` is a whole block of `row`; `n < limit`, so the queue has room
+            // for a block of values from `n`.
             collect_block(row.as_ptr().add(b * BLOCK), t, q, &mut n);
         } else {
             let mut pad = [f32::NEG_INFINITY; BLOCK];
@@ -346,7 +360,7 @@ pub(crate) unsafe fn collect_ge(
             collect_block(pad.as_ptr(), t, q, &mut n);
         }
     }
-    n
+    (blocks.len(), n)
 }
 
 /// Queues the entries `>= t` of the block at `p` at `q + n`, advancing `n` by their count.
