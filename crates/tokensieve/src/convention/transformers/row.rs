@@ -140,8 +140,10 @@ fn edits(prefix: &[Stage], r: &[f32], s: &mut Scratch) -> bool {
         (None, _) => return true,
         (Some(p), None) if penalties_first => {
             // One penalty, the common case: its sorted, distinct list gives the overlay's ids.
-            let seen = p.seen().iter().take_while(|&&id| (id as usize) < v);
-            s.overlay.extend(seen.map(|&id| (id, p.penalise(r[id as usize]))));
+            // The ids in range, as a slice: extended without a capacity check per id.
+            let seen = p.seen();
+            let seen = &seen[..seen.partition_point(|&id| (id as usize) < v)];
+            s.overlay.extend(seen.iter().map(|&id| (id, p.penalise(r[id as usize]))));
             return !s.overlay.iter().any(|e| e.1.is_nan() || e.1 == f32::INFINITY);
         }
         _ => {}
@@ -149,8 +151,9 @@ fn edits(prefix: &[Stage], r: &[f32], s: &mut Scratch) -> bool {
     for stage in prefix {
         if let Stage::HfRepetitionPenalty(p) = stage {
             if !stage.is_inert() {
-                let seen = p.seen().iter().take_while(|&&id| (id as usize) < v);
-                s.overlay.extend(seen.map(|&id| (id, f32::NEG_INFINITY)));
+                let seen = p.seen();
+                let seen = &seen[..seen.partition_point(|&id| (id as usize) < v)];
+                s.overlay.extend(seen.iter().map(|&id| (id, f32::NEG_INFINITY)));
             }
         }
     }
