@@ -214,8 +214,8 @@ pub(crate) struct ServerOrder {
     /// Gathers the terms that can change the sum, when the order cannot
     /// ([`ServerOrder::sum_collected`]).
     collector: arch::Collector,
-    /// The gathered values at or above the top's least, and where.
-    hits: Vec<(usize, f32)>,
+    /// Where the gathered values at or above the top's least are.
+    hits: Vec<u32>,
 }
 
 impl ServerOrder {
@@ -273,13 +273,12 @@ impl ServerOrder {
                 return Some(sum);
             }
             self.hits.clear();
-            for (c, part) in chunk.chunks(BLOCK).enumerate() {
-                arch::for_each_ge(part, last, |i, x| self.hits.push((c * BLOCK + i, x)));
-            }
-            for &(i, x) in &self.hits {
-                if x > last || ties > 0 {
-                    ties -= usize::from(x == last);
-                    chunk[i] = f32::NEG_INFINITY;
+            arch::positions_ge(chunk, last, &mut self.hits);
+            for &i in &self.hits {
+                let x = &mut chunk[i as usize];
+                if *x > last || ties > 0 {
+                    ties -= usize::from(*x == last);
+                    *x = f32::NEG_INFINITY;
                 }
             }
             sum = arch::exp_sum_unordered_values(sum, chunk, max)?;

@@ -363,6 +363,30 @@ pub(crate) unsafe fn collect_listed(
     (blocks.len(), n)
 }
 
+/// See [`super::positions_ge`]: 64 values per step, four 16-lane compares into one mask, a
+/// branch only where it has a bit set.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
+#[target_feature(enable = "avx512f,avx2,fma,popcnt")]
+pub(crate) unsafe fn positions_ge(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
+    let t = _mm512_set1_ps(threshold);
+    let below = _mm512_set1_ps(f32::NEG_INFINITY);
+    for (g, group) in values.chunks(64).enumerate() {
+        let mut hits = 0u64;
+        for (k, part) in group.chunks(16).enumerate() {
+            let lanes = ((1u32 << part.len()) - 1) as u16;
+            // SAFETY: `lanes` covers only the values of `part`.
+            let x = _mm512_mask_loadu_ps(below, lanes, part.as_ptr());
+            hits |= u64::from(_mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(lanes, x, t)) << (16 * k);
+        }
+        while hits != 0 {
+            out.push((64 * g) as u32 + hits.trailing_zeros());
+            hits &= hits - 1;
+        }
+    }
+}
+
 /// Queues the entries `>= t` of the block at `p` at `q + n`, advancing `n` by their count.
 ///
 /// # Safety

@@ -648,6 +648,18 @@ pub(crate) fn exp_sum_unordered_values(start: f32, xs: &[f32], sub: f32) -> Opti
     None
 }
 
+/// Appends to `out` the positions `i` (ascending) of the `values` at or above `threshold`;
+/// for few of them among many.
+pub(crate) fn positions_ge(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
+    #[cfg(target_arch = "x86_64")]
+    if caps().avx512 {
+        // SAFETY: `avx512` is only set beside AVX2 and FMA, when AVX-512F and POPCNT were
+        // detected.
+        return unsafe { avx512::positions_ge(values, threshold, out) };
+    }
+    out.extend(values.iter().enumerate().filter(|(_, &x)| x >= threshold).map(|(i, _)| i as u32));
+}
+
 /// Gathers the entries of a row at or above a threshold, a chunk at a time and in no
 /// particular order, reading only the blocks whose maximum reaches it: what a sum that cannot
 /// depend on the order of its terms ([`exp_sum_unordered_values`]) needs, each chunk summed
@@ -1608,6 +1620,20 @@ mod tests {
                     prop_assert_eq!(wide.map(f32::to_bits), got.map(f32::to_bits));
                 }
             }
+        }
+
+        /// `positions_ge` lists where the values at or above the threshold are, in order, on
+        /// any length (groups of 64 and their remainder).
+        #[test]
+        fn positions_ge_lists_every_value_at_or_above_the_threshold(
+            r in prop_oneof![row(), dense_row()],
+            t in prop_oneof![-40.0f32..40.0, Just(0.0f32), Just(f32::NEG_INFINITY)],
+        ) {
+            let mut got = vec![7u32]; // appended to
+            positions_ge(&r, t, &mut got);
+            let want: Vec<u32> =
+                std::iter::once(7).chain(r.iter().enumerate().filter(|(_, &x)| x >= t).map(|(i, _)| i as u32)).collect();
+            prop_assert_eq!(got, want);
         }
 
         /// A `Collector` gathers exactly the entries at or above the threshold (as a multiset),
