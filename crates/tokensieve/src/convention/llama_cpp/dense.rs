@@ -714,18 +714,24 @@ fn top_k_dist(
         s.path = Path::Fast("top-k;dist");
         return Ok(Some(Prepared::Built { applied: at + 1 }));
     }
-    if top_k_by_heap(k, r, s, c) {
-        s.path = Path::Fast("top-k;dist (ties replayed)");
-        for stage in &mut stages[first + 1..at] {
-            stage.apply(c)?;
-        }
-    } else {
-        // With the draw already made: the array path through `dist`'s stage.
+    if !top_k_by_heap(k, r, s, c) {
         s.path = Path::Fallback("top-k");
-        c.fill_validated(r);
-        for stage in &mut stages[..at] {
-            stage.apply(c)?;
-        }
+        return array_with_draw(stages, at, r, u, c);
+    }
+    s.path = Path::Fast("top-k;dist (ties replayed)");
+    for stage in &mut stages[first + 1..at] {
+        stage.apply(c)?;
+    }
+    Dist::select(c, u);
+    Ok(Some(Prepared::Built { applied: at + 1 }))
+}
+
+/// The array path through the `dist` stage at `at`, with its draw `u` already made (the
+/// stages before it keep no state, so a fast path that gave up may run them again).
+fn array_with_draw(stages: &mut [Stage], at: usize, r: &[f32], u: f64, c: &mut Candidates) -> Result<Option<Prepared>> {
+    c.fill_validated(r);
+    for stage in &mut stages[..at] {
+        stage.apply(c)?;
     }
     Dist::select(c, u);
     Ok(Some(Prepared::Built { applied: at + 1 }))
@@ -1097,14 +1103,8 @@ fn top_p_dist(
     if let Some(token) = drawn {
         return Ok(Some(Prepared::Selected(token)));
     }
-    // With the draw already made.
     s.path = Path::Fallback("top-p");
-    c.fill_validated(r);
-    for stage in &mut stages[..at] {
-        stage.apply(c)?;
-    }
-    Dist::select(c, u);
-    Ok(Some(Prepared::Built { applied: at + 1 }))
+    array_with_draw(stages, at, r, u, c)
 }
 
 /// `top_p;dist`'s draw `u` when the cut lies beyond llama.cpp's first 256 entries (flat rows),
@@ -1396,12 +1396,7 @@ fn dist(
         return Ok(Some(Prepared::Selected(id)));
     }
     // Not provable: the array path, with the draw already made.
-    c.fill_validated(r);
-    for stage in &mut stages[..at] {
-        stage.apply(c)?;
-    }
-    Dist::select(c, u);
-    Ok(Some(Prepared::Built { applied: at + 1 }))
+    array_with_draw(stages, at, r, u, c)
 }
 
 /// The index llama.cpp's `dist` selects for draw `u` over `w_i = expf(r_i / t - max)`:
