@@ -1,0 +1,185 @@
+//! NEON versions of the whole-row passes in [`super`] (aarch64), same names and contracts:
+//! the floor's [`max`], the summary pass ([`summarize`], [`locate_max`], [`block_max_into`]),
+//! [`argmax`] and [`count_ge`]. The other kernels run the portable code on aarch64.
+//!
+//! NEON is part of the aarch64 base ISA, so the module is compiled only where the target
+//! enables it. The functions carry `#[target_feature(enable = "neon")]` all the same (Rust
+//! asks for it to call the intrinsics safely), so calls from outside are `unsafe`; SAFETY
+//! (callers): the `cfg` that compiles this module is the proof. Inside, the only unsafe
+//! operation is the load in `load`, whose bounds come from a `&[f32; 4]`.
+//!
+//! PERF: as with AVX2, safe Rust does not vectorise these loops well: a float `fold` is one
+//! dependency chain, and lane arrays are vectorised unevenly (two-lane halves, reloads). Here
+//! each pass keeps 16 or 32 floats of independent maxima in flight. They have been checked
+//! for agreement with the obvious loops under emulation (qemu-aarch64, `scripts/test-aarch64.sh`);
+//! their speed has not been measured on an ARM machine.
+//!
+//! NaN: `vmaxq_f32` (FMAX) returns NaN where either operand is NaN, so a NaN reaches the
+//! block's maximum and the running maximum; the summaries test those for NaN and `+inf`
+//! once per block (or once per row).
+
+use super::{Summary, BLOCK};
+use std::arch::aarch64::*;
+
+/// Four floats into a vector.
+#[target_feature(enable = "neon")]
+#[inline]
+fn load(x: &[f32; 4]) -> float32x4_t {
+    // SAFETY: `x` holds 4 readable floats; `vld1q_f32` has no alignment requirement beyond
+    // the element's.
+    unsafe { vld1q_f32(x.as_ptr()) }
+}
+
+/// The lane-wise maximum of one block of 64 floats: a tree over its 16 vectors.
+#[target_feature(enable = "neon")]
+#[inline]
+fn block_lanes(block: &[f32; BLOCK]) -> float32x4_t {
+    let (v, _) = block.as_chunks::<4>();
+    let mut pairs = [vdupq_n_f32(0.0); 8];
+    for (k, p) in pairs.iter_mut().enumerate() {
+        *p = vmaxq_f32(load(&v[2 * k]), load(&v[2 * k + 1]));
+    }
+    let [p0, p1, p2, p3, p4, p5, p6, p7] = pairs;
+    vmaxq_f32(vmaxq_f32(vmaxq_f32(p0, p1), vmaxq_f32(p2, p3)), vmaxq_f32(vmaxq_f32(p4, p5), vmaxq_f32(p6, p7)))
+}
+
+/// The whole blocks of `row` and its last, partial block padded with `-inf` (or `None`).
+fn blocks(row: &[f32]) -> (&[[f32; BLOCK]], Option<[f32; BLOCK]>) {
+    let (whole, tail) = row.as_chunks::<BLOCK>();
+    let padded = (!tail.is_empty()).then(|| {
+        let mut pad = [f32::NEG_INFINITY; BLOCK];
+        pad[..tail.len()].copy_from_slice(tail);
+        pad
+    });
+    (whole, padded)
+}
+
+/// See [`super::max`].
+///
+/// # Safety
+/// NEON must be enabled (it is wherever this module is compiled: see the module docs).
+#[target_feature(enable = "neon")]
+pub fn max(row: &[f32]) -> f32 {
+    let ninf = vdupq_n_f32(f32::NEG_INFINITY);
+    let mut acc = [ninf; 8];
+    let (chunks, tail) = row.as_chunks::<32>();
+    for c in chunks {
+        let (v, _) = c.as_chunks::<4>();
+        for (a, x) in acc.iter_mut().zip(v) {
+            *a = vmaxq_f32(*a, load(x));
+        }
+    }
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
+    let m = vmaxq_f32(vmaxq_f32(vmaxq_f32(a0, a1), vmaxq_f32(a2, a3)), vmaxq_f32(vmaxq_f32(a4, a5), vmaxq_f32(a6, a7)));
+    tail.iter().fold(vmaxvq_f32(m), |m, &x| if x > m { x } else { m })
+}
+
+/// The summary, handing each block's maximum to `each_block` in order.
+#[target_feature(enable = "neon")]
+#[inline]
+fn scan(row: &[f32], mut each_block: impl FnMut(f32)) -> Summary {
+    let (whole, padded) = blocks(row);
+    let mut best = f32::NEG_INFINITY;
+    let mut best_block = 0;
+    let mut suspect = false;
+    for (b, block) in whole.iter().chain(padded.as_ref()).enumerate() {
+        let m = vmaxvq_f32(block_lanes(block));
+        each_block(m);
+        suspect |= m.is_nan() || m == f32::INFINITY;
+        if m > best || b == 0 {
+            best = m;
+            best_block = b;
+        }
+    }
+    Summary { max: best, max_block: best_block, suspect }
+}
+
+/// See [`super::summarize`].
+///
+/// # Safety
+/// NEON must be enabled (it is wherever this module is compiled: see the module docs).
+#[target_feature(enable = "neon")]
+pub fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
+    block_max.reserve(row.len().div_ceil(BLOCK));
+    scan(row, |m| block_max.push(m))
+}
+
+/// See [`super::locate_max`]: the horizontal maximum of a block only where one of its lanes
+/// passes the best so far; NaN and `+inf` by a running lane-wise maximum (FMAX keeps NaN).
+///
+/// # Safety
+/// NEON must be enabled (it is wherever this module is compiled: see the module docs).
+#[target_feature(enable = "neon")]
+pub fn locate_max(row: &[f32]) -> Summary {
+    let (whole, padded) = blocks(row);
+    let mut best = f32::NEG_INFINITY;
+    let mut best_v = vdupq_n_f32(best);
+    let mut best_block = 0;
+    let mut all = best_v;
+    for (b, block) in whole.iter().chain(padded.as_ref()).enumerate() {
+        let m = block_lanes(block);
+        all = vmaxq_f32(all, m);
+        if vmaxvq_u32(vcgtq_f32(m, best_v)) != 0 {
+            best = vmaxvq_f32(m);
+            best_v = vdupq_n_f32(best);
+            best_block = b;
+        }
+    }
+    let all = vmaxvq_f32(all);
+    Summary { max: best, max_block: best_block, suspect: all.is_nan() || all == f32::INFINITY }
+}
+
+/// See [`super::block_max_into`].
+///
+/// # Safety
+/// NEON must be enabled (it is wherever this module is compiled: see the module docs).
+#[target_feature(enable = "neon")]
+pub fn block_max_into(row: &[f32], out: &mut [f32]) -> f32 {
+    let (whole, padded) = blocks(row);
+    let mut best = vdupq_n_f32(f32::NEG_INFINITY);
+    for (o, block) in out.iter_mut().zip(whole.iter().chain(padded.as_ref())) {
+        let m = block_lanes(block);
+        best = vmaxq_f32(best, m);
+        *o = vmaxvq_f32(m);
+    }
+    vmaxvq_f32(best)
+}
+
+/// See [`super::argmax`]: the first block holding the maximum (as [`locate_max`] finds it),
+/// then the first entry of that block equal to it.
+///
+/// # Safety
+/// NEON must be enabled (it is wherever this module is compiled: see the module docs).
+#[target_feature(enable = "neon")]
+pub fn argmax(row: &[f32]) -> Option<usize> {
+    if row.is_empty() {
+        return None;
+    }
+    let s = locate_max(row);
+    let at = s.max_block * BLOCK;
+    let end = (at + BLOCK).min(row.len());
+    // A row of `-inf` (and NaN) only: the first entry, as a scan with `>` gives.
+    Some(row[at..end].iter().position(|&x| x == s.max).map_or(0, |i| at + i))
+}
+
+/// See [`super::count_ge`]: a compare per 4 values, its all-ones lanes subtracted (+1 each)
+/// from 4 counters.
+///
+/// # Safety
+/// NEON must be enabled (it is wherever this module is compiled: see the module docs).
+#[target_feature(enable = "neon")]
+pub fn count_ge(values: &[f32], threshold: f32) -> usize {
+    let t = vdupq_n_f32(threshold);
+    let mut n = [vdupq_n_u32(0); 4];
+    let (chunks, tail) = values.as_chunks::<16>();
+    for c in chunks {
+        let (v, _) = c.as_chunks::<4>();
+        for (n, x) in n.iter_mut().zip(v) {
+            *n = vsubq_u32(*n, vcgeq_f32(load(x), t));
+        }
+    }
+    let [n0, n1, n2, n3] = n;
+    // Each counter lane counts at most `values.len() / 16` (no overflow below 2^35 values).
+    let lanes = vaddq_u64(vpaddlq_u32(vaddq_u32(n0, n1)), vpaddlq_u32(vaddq_u32(n2, n3)));
+    vaddvq_u64(lanes) as usize + tail.iter().filter(|&&x| x >= threshold).count()
+}
