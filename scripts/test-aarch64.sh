@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The aarch64 build (NEON kernels) checked from an x86-64 Linux machine: clippy for the
 # aarch64 target, then the core library's tests run under qemu-aarch64 (user-mode emulation;
-# correctness only, emulated timings mean nothing).
+# correctness only, emulated timings mean nothing). `--all`: every test file of the core
+# library.
 #
 # It installs what it needs when it is missing: the Rust standard library for
 # aarch64-unknown-linux-gnu (rustup), and the cross linker, the target's C library and
@@ -50,6 +51,13 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L $sysroot"
 echo "== cargo clippy --target $target"
 cargo clippy --target "$target" --workspace --all-targets -- -D warnings
 
-# Release: the property tests are slow enough under emulation in a debug build.
-echo "== cargo test --target $target -p tokensieve --lib (under qemu-aarch64)"
-cargo test --release --target "$target" -p tokensieve --lib
+# Release: the property tests are slow enough under emulation in a debug build. The unit
+# tests (the kernels against the obvious loops among them), the conformance goldens, the
+# allocation count and bad input; `--tests` runs every test file (about 7 minutes more, most
+# of it fast_paths.rs).
+tests=(--lib --test golden_llama_cpp --test golden_transformers --test no_alloc --test bad_input --test properties)
+if [ "${1:-}" = --all ]; then
+    tests=(--tests)
+fi
+echo "== cargo test --target $target -p tokensieve ${tests[*]} (under qemu-aarch64)"
+cargo test --release --target "$target" -p tokensieve "${tests[@]}"

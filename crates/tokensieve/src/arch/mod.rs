@@ -90,8 +90,9 @@ pub mod neon;
 /// Entries per block of [`summarize`]'s block maxima (8 AVX2 vectors).
 pub const BLOCK: usize = 64;
 
-/// The instruction set the kernels run with.
+/// The instruction set the kernels run with (more may come: match with a wildcard arm).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Isa {
     /// Plain Rust, any CPU.
     Portable,
