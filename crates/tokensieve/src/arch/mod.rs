@@ -16,8 +16,9 @@
 //! below). Every other kernel stays AVX2 (wider ones have not been written).
 //!
 //! On aarch64, the `neon` module has the whole-row passes ([`max`], [`summarize`], [`locate_max`],
-//! [`block_max_into`], [`argmax`], [`count_ge`]; [`isa`] reports [`Isa::Neon`]); the
-//! exponentials and the gathers run the portable code there. They are checked under
+//! [`block_max_into`], [`argmax`], [`count_ge`]) and the gathers ([`gather_ge`],
+//! [`gather_blocks_ge`], [`for_each_ge`]); [`isa`] reports [`Isa::Neon`]. The exponentials
+//! run the portable code there. They are checked under
 //! emulation (`scripts/test-aarch64.sh`), not timed on ARM hardware. `TOKENSIEVE_ISA=portable`
 //! in the environment (read once) makes every dispatcher take the portable kernels.
 //!
@@ -99,7 +100,8 @@ pub enum Isa {
     /// x86-64 AVX2 and FMA.
     Avx2,
     /// aarch64 NEON: the whole-row passes ([`max`], [`summarize`], [`locate_max`],
-    /// [`block_max_into`], [`argmax`], [`count_ge`]); the other kernels are the portable ones.
+    /// [`block_max_into`], [`argmax`], [`count_ge`]) and the gathers ([`gather_ge`],
+    /// [`gather_blocks_ge`], [`for_each_ge`]); the exponentials are the portable ones.
     Neon,
 }
 
@@ -450,6 +452,9 @@ pub fn for_each_ge(block: &[f32], threshold: f32, f: impl FnMut(usize, f32)) {
         // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::for_each_ge(block, threshold, f) },
+        // SAFETY: the module exists only where the target enables NEON.
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        Isa::Neon => unsafe { neon::for_each_ge(block, threshold, f) },
         _ => portable::for_each_ge(block, threshold, f),
     }
 }
@@ -488,6 +493,9 @@ pub fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<TokenDa
         // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::gather_ge(block, base, threshold, out) },
+        // SAFETY: the module exists only where the target enables NEON.
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        Isa::Neon => unsafe { neon::gather_ge(block, base, threshold, out) },
         _ => portable::gather_ge(block, base, threshold, out),
     }
 }
@@ -501,6 +509,9 @@ pub fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, out: &mu
         // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::gather_blocks_ge(row, block_max, threshold, out) },
+        // SAFETY: the module exists only where the target enables NEON.
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        Isa::Neon => unsafe { neon::gather_blocks_ge(row, block_max, threshold, out) },
         _ => portable::gather_blocks_ge(row, block_max, threshold, out),
     }
 }
@@ -1476,6 +1487,19 @@ mod tests {
                 prop_assert_eq!(&bm3, &bm);
                 prop_assert_eq!(neon::count_ge(&r, thr), g.len());
                 prop_assert_eq!(neon::count_ge(&r, tie), at_tie);
+                let mut g2 = Vec::new();
+                neon::gather_ge(&r, 5, thr, &mut g2);
+                prop_assert_eq!(&g2, &g);
+                g2.clear();
+                neon::gather_ge(&r, 5, tie, &mut g2);
+                prop_assert_eq!(g2.len(), at_tie);
+                g2.clear();
+                neon::gather_blocks_ge(&r, &want_bm(&r), thr, &mut g2);
+                prop_assert_eq!(&g2, &from_zero);
+                g2.clear();
+                neon::gather_blocks_ge(&r, &want_bm(&r), f32::NEG_INFINITY, &mut g2);
+                prop_assert_eq!(g2.len(), r.len());
+                prop_assert_eq!(&hits(&|b, v| neon::for_each_ge(b, thr, |i, x| v.push((i as u32, x)))), &want);
             }
             if avx512vl_available() {
                 #[cfg(target_arch = "x86_64")]

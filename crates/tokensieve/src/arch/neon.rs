@@ -1,6 +1,8 @@
 //! NEON versions of the whole-row passes in [`super`] (aarch64), same names and contracts:
 //! the floor's [`max`], the summary pass ([`summarize`], [`locate_max`], [`block_max_into`]),
-//! [`argmax`] and [`count_ge`]. The other kernels run the portable code on aarch64.
+//! [`argmax`] and [`count_ge`], and the gathers of the entries at or above a threshold
+//! ([`gather_ge`], [`gather_blocks_ge`], [`for_each_ge`]). The other kernels (the
+//! exponentials) run the portable code on aarch64.
 //!
 //! NEON is part of the aarch64 base ISA, so the module is compiled only where the target
 //! enables it. The functions carry `#[target_feature(enable = "neon")]` all the same (Rust
@@ -19,6 +21,7 @@
 //! once per block (or once per row).
 
 use super::{Summary, BLOCK};
+use crate::candidates::TokenData;
 use std::arch::aarch64::*;
 
 /// Four floats into a vector.
@@ -182,4 +185,103 @@ pub fn count_ge(values: &[f32], threshold: f32) -> usize {
     // Each counter lane counts at most `values.len() / 16` (no overflow below 2^35 values).
     let lanes = vaddq_u64(vpaddlq_u32(vaddq_u32(n0, n1)), vpaddlq_u32(vaddq_u32(n2, n3)));
     vaddvq_u64(lanes) as usize + tail.iter().filter(|&&x| x >= threshold).count()
+}
+
+/// Bit `i` set where `block[i] >= t`, for the first `len` entries of `block` (entries past
+/// them are ignored: the caller's `-inf` padding would pass a threshold of `-inf`).
+///
+/// NEON has no move-mask: each 16 entries' compares are narrowed to 16 bytes of all-ones or
+/// zero, ANDed with the bit weights `1, 2, ..., 128` twice, and each half summed across lanes
+/// (distinct powers of two, so the sum is their OR).
+#[target_feature(enable = "neon")]
+#[inline]
+fn mask_ge(block: &[f32; BLOCK], len: usize, t: float32x4_t) -> u64 {
+    const WEIGHTS: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    // SAFETY: `WEIGHTS` holds 16 readable bytes.
+    let weights = unsafe { vld1q_u8(WEIGHTS.as_ptr()) };
+    let (v, _) = block.as_chunks::<4>();
+    let mut mask = 0u64;
+    for (g, quad) in v.chunks_exact(4).enumerate() {
+        let c = |k: usize| vmovn_u32(vcgeq_f32(load(&quad[k]), t));
+        let bytes = vcombine_u8(vmovn_u16(vcombine_u16(c(0), c(1))), vmovn_u16(vcombine_u16(c(2), c(3))));
+        let bits = vandq_u8(bytes, weights);
+        let lo = u64::from(vaddv_u8(vget_low_u8(bits)));
+        let hi = u64::from(vaddv_u8(vget_high_u8(bits)));
+        mask |= (lo | hi << 8) << (16 * g);
+    }
+    if len < BLOCK {
+        mask &= (1u64 << len) - 1;
+    }
+    mask
+}
+
+/// `block` (at most one [`BLOCK`]) as a whole block: itself, or a copy padded with `-inf`.
+#[inline]
+fn whole_block(block: &[f32]) -> std::borrow::Cow<'_, [f32; BLOCK]> {
+    match <&[f32; BLOCK]>::try_from(block) {
+        Ok(whole) => std::borrow::Cow::Borrowed(whole),
+        Err(_) => {
+            let mut pad = [f32::NEG_INFINITY; BLOCK];
+            pad[..block.len()].copy_from_slice(block);
+            std::borrow::Cow::Owned(pad)
+        }
+    }
+}
+
+/// See [`super::for_each_ge`]: the block's 64 compares into one mask, then a call per set bit.
+///
+/// # Safety
+/// NEON must be enabled (it is wherever this module is compiled: see the module docs).
+#[target_feature(enable = "neon")]
+pub fn for_each_ge(block: &[f32], threshold: f32, mut f: impl FnMut(usize, f32)) {
+    let whole = whole_block(block);
+    let mut hits = mask_ge(&whole, block.len(), vdupq_n_f32(threshold));
+    while hits != 0 {
+        let j = hits.trailing_zeros() as usize;
+        hits &= hits - 1;
+        f(j, whole[j]);
+    }
+}
+
+/// See [`super::gather_ge`].
+///
+/// # Safety
+/// NEON must be enabled (it is wherever this module is compiled: see the module docs).
+#[target_feature(enable = "neon")]
+pub fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<TokenData>) {
+    for (c, chunk) in block.chunks(BLOCK).enumerate() {
+        let whole = whole_block(chunk);
+        let mut hits = mask_ge(&whole, chunk.len(), vdupq_n_f32(threshold));
+        let first = base + (c * BLOCK) as u32;
+        while hits != 0 {
+            let j = hits.trailing_zeros() as usize;
+            hits &= hits - 1;
+            out.push(TokenData { id: first + j as u32, logit: whole[j], p: 0.0 });
+        }
+    }
+}
+
+/// See [`super::gather_blocks_ge`]: the block maxima compared 64 at a time into one mask,
+/// then [`gather_ge`]'s mask on each block that reaches the threshold.
+///
+/// # Safety
+/// NEON must be enabled (it is wherever this module is compiled: see the module docs).
+#[target_feature(enable = "neon")]
+pub fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, out: &mut Vec<TokenData>) {
+    let t = vdupq_n_f32(threshold);
+    for (g, maxima) in block_max.chunks(BLOCK).enumerate() {
+        let mut passing = mask_ge(&whole_block(maxima), maxima.len(), t);
+        while passing != 0 {
+            let start = (g * BLOCK + passing.trailing_zeros() as usize) * BLOCK;
+            passing &= passing - 1;
+            let block = &row[start..row.len().min(start + BLOCK)];
+            let whole = whole_block(block);
+            let mut hits = mask_ge(&whole, block.len(), t);
+            while hits != 0 {
+                let j = hits.trailing_zeros() as usize;
+                hits &= hits - 1;
+                out.push(TokenData { id: (start + j) as u32, logit: whole[j], p: 0.0 });
+            }
+        }
+    }
 }
