@@ -1378,6 +1378,85 @@ mod tests {
         r.chunks(BLOCK).map(|b| b.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x))).collect()
     }
 
+    /// One instruction set's whole-row kernels (each with [`row`]'s contract), for
+    /// `kernels_agree_with_the_naive_scans`.
+    struct RowKernels {
+        name: &'static str,
+        max: fn(&[f32]) -> f32,
+        argmax: fn(&[f32]) -> Option<usize>,
+        summarize: SummarizeKernel,
+        /// `summarize` may raise the documented false alarm (finite values whose sum overflows).
+        false_alarm: bool,
+        block_max_into: fn(&[f32], &mut [f32]) -> f32,
+        count_ge: fn(&[f32], f32) -> usize,
+        gather_ge: fn(&[f32], u32, f32, &mut Vec<TokenData>),
+        gather_blocks_ge: fn(&[f32], &[f32], f32, &mut Vec<TokenData>),
+        for_each_ge: ForEachKernel,
+    }
+
+    type ForEachKernel = fn(&[f32], f32, &mut dyn FnMut(usize, f32));
+
+    /// The portable kernels, the dispatched ones, and every SIMD set this CPU runs.
+    fn row_kernels() -> Vec<RowKernels> {
+        let mut kernels = vec![
+            RowKernels {
+                name: "portable",
+                max: portable::max,
+                argmax: portable::argmax,
+                summarize: portable::summarize,
+                false_alarm: false,
+                block_max_into: portable::block_max_into,
+                count_ge: portable::count_ge,
+                gather_ge: portable::gather_ge,
+                gather_blocks_ge: portable::gather_blocks_ge,
+                for_each_ge: |b, t, f| portable::for_each_ge(b, t, f),
+            },
+            RowKernels {
+                name: "dispatched",
+                max,
+                argmax,
+                summarize,
+                false_alarm: true,
+                block_max_into,
+                count_ge,
+                gather_ge,
+                gather_blocks_ge,
+                for_each_ge: |b, t, f| for_each_ge(b, t, f),
+            },
+        ];
+        #[cfg(target_arch = "x86_64")]
+        if avx2_available() {
+            // SAFETY (every closure): AVX2 and FMA were detected just above.
+            kernels.push(RowKernels {
+                name: "avx2",
+                max: |r| unsafe { avx2::max(r) },
+                argmax: |r| unsafe { avx2::argmax(r) },
+                summarize: |r, bm| unsafe { avx2::summarize(r, bm) },
+                false_alarm: true,
+                block_max_into: |r, o| unsafe { avx2::block_max_into(r, o) },
+                count_ge: |r, t| unsafe { avx2::count_ge(r, t) },
+                gather_ge: |b, base, t, o| unsafe { avx2::gather_ge(b, base, t, o) },
+                gather_blocks_ge: |r, bm, t, o| unsafe { avx2::gather_blocks_ge(r, bm, t, o) },
+                for_each_ge: |b, t, f| unsafe { avx2::for_each_ge(b, t, f) },
+            });
+        }
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        // SAFETY (every closure): the module exists only where the target enables NEON.
+        kernels.push(RowKernels {
+            name: "neon",
+            max: |r| unsafe { neon::max(r) },
+            argmax: |r| unsafe { neon::argmax(r) },
+            summarize: |r, bm| unsafe { neon::summarize(r, bm) },
+            false_alarm: false,
+            block_max_into: |r, o| unsafe { neon::block_max_into(r, o) },
+            count_ge: |r, t| unsafe { neon::count_ge(r, t) },
+            gather_ge: |b, base, t, o| unsafe { neon::gather_ge(b, base, t, o) },
+            gather_blocks_ge: |r, bm, t, o| unsafe { neon::gather_blocks_ge(r, bm, t, o) },
+            for_each_ge: |b, t, f| unsafe { neon::for_each_ge(b, t, f) },
+        });
+        kernels
+    }
+
     fn config() -> ProptestConfig {
         ProptestConfig { cases: 400, rng_seed: proptest::test_runner::RngSeed::Fixed(17), ..ProptestConfig::default() }
     }
@@ -1403,36 +1482,16 @@ mod tests {
         fn kernels_agree_with_the_naive_scans(r in row(), thr in -40.0f32..40.0) {
             let m = r.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
             let first = naive_argmax(&r);
-            prop_assert!(portable::max(&r) == m);
-            prop_assert_eq!(portable::argmax(&r), Some(first));
-            let mut bm = Vec::new();
-            let s = portable::summarize(&r, &mut bm);
-            prop_assert!(!s.suspect);
-            prop_assert!(s.max == m);
-            prop_assert_eq!(s.max_block, first / BLOCK);
-            let want: Vec<f32> = r.chunks(BLOCK).map(|b| b.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x))).collect();
-            prop_assert_eq!(&bm, &want);
-            let mut bm3 = vec![0.0; want.len()];
-            prop_assert!(portable::block_max_into(&r, &mut bm3) == m);
-            prop_assert_eq!(&bm3, &want);
-            prop_assert_eq!(portable::count_ge(&r, thr), r.iter().filter(|&&x| x >= thr).count());
+            let bm = want_bm(&r);
+            // Finite values whose sum overflows may raise AVX2's (documented) false alarm.
+            let huge = r.iter().any(|x| x.is_finite() && x.abs() > 1e37);
             // A threshold that some entries equal (`>=`, not `>`).
             let tie = r[r.len() / 2];
             let at_tie = r.iter().filter(|&&x| x >= tie).count();
-            prop_assert_eq!(portable::count_ge(&r, tie), at_tie);
-            prop_assert_eq!(count_ge(&r, tie), at_tie);
-            let mut g = Vec::new();
-            portable::gather_ge(&r, 5, thr, &mut g);
             let want: Vec<(u32, f32)> = r.iter().enumerate().filter(|(_, &x)| x >= thr).map(|(i, &x)| (5 + i as u32, x)).collect();
-            prop_assert_eq!(&g.iter().map(|t| (t.id, t.logit)).collect::<Vec<_>>(), &want);
+            let gathered: Vec<TokenData> = want.iter().map(|&(id, logit)| TokenData { id, logit, p: 0.0 }).collect();
             // The same entries from the blocks that reach `thr` (ids from 0).
-            let from_zero: Vec<TokenData> = g.iter().map(|t| TokenData { id: t.id - 5, ..*t }).collect();
-            let mut gb = Vec::new();
-            portable::gather_blocks_ge(&r, &want_bm(&r), thr, &mut gb);
-            prop_assert_eq!(&gb, &from_zero);
-            gb.clear();
-            gather_blocks_ge(&r, &want_bm(&r), thr, &mut gb);
-            prop_assert_eq!(&gb, &from_zero);
+            let from_zero: Vec<TokenData> = gathered.iter().map(|t| TokenData { id: t.id - 5, ..*t }).collect();
             // `for_each_ge` takes one block at a time (the last one may be short).
             type Hits = Vec<(u32, f32)>;
             let hits = |f: &dyn Fn(&[f32], &mut Hits)| {
@@ -1444,62 +1503,35 @@ mod tests {
                 }
                 v
             };
-            prop_assert_eq!(&hits(&|b, v| portable::for_each_ge(b, thr, |i, x| v.push((i as u32, x)))), &want);
-
-            if avx2_available() {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX2 and FMA were detected just above.
-                unsafe {
-                    prop_assert!(avx2::max(&r) == m);
-                    prop_assert_eq!(avx2::argmax(&r), Some(first));
-                    let mut bm2 = Vec::new();
-                    let s2 = avx2::summarize(&r, &mut bm2);
-                    // Finite values whose sum overflows may raise a (documented) false alarm.
-                    let huge = r.iter().any(|x| x.is_finite() && x.abs() > 1e37);
-                    prop_assert!(!s2.suspect || huge);
-                    prop_assert!(s2.max == m);
-                    prop_assert_eq!(s2.max_block, first / BLOCK);
-                    prop_assert_eq!(&bm2, &bm);
-                    prop_assert!(avx2::block_max_into(&r, &mut bm3) == m);
-                    prop_assert_eq!(&bm3, &bm);
-                    prop_assert_eq!(avx2::count_ge(&r, thr), g.len());
-                    prop_assert_eq!(avx2::count_ge(&r, tie), at_tie);
-                    let mut g2 = Vec::new();
-                    avx2::gather_ge(&r, 5, thr, &mut g2);
-                    prop_assert_eq!(&g2, &g);
-                    g2.clear();
-                    avx2::gather_blocks_ge(&r, &want_bm(&r), thr, &mut g2);
-                    prop_assert_eq!(&g2, &from_zero);
-                    prop_assert_eq!(&hits(&|b, v| avx2::for_each_ge(b, thr, |i, x| v.push((i as u32, x)))), &want);
-                }
-            }
-            #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-            // SAFETY: the module exists only where the target enables NEON.
-            unsafe {
-                prop_assert!(neon::max(&r) == m);
-                prop_assert_eq!(neon::argmax(&r), Some(first));
+            for k in row_kernels() {
+                let name = k.name;
+                prop_assert!((k.max)(&r) == m, "{}", name);
+                prop_assert_eq!((k.argmax)(&r), Some(first), "{}", name);
                 let mut bm2 = Vec::new();
-                let s2 = neon::summarize(&r, &mut bm2);
-                prop_assert!(!s2.suspect && s2.max == m);
-                prop_assert_eq!(s2.max_block, first / BLOCK);
-                prop_assert_eq!(&bm2, &bm);
-                prop_assert!(neon::block_max_into(&r, &mut bm3) == m);
-                prop_assert_eq!(&bm3, &bm);
-                prop_assert_eq!(neon::count_ge(&r, thr), g.len());
-                prop_assert_eq!(neon::count_ge(&r, tie), at_tie);
-                let mut g2 = Vec::new();
-                neon::gather_ge(&r, 5, thr, &mut g2);
-                prop_assert_eq!(&g2, &g);
-                g2.clear();
-                neon::gather_ge(&r, 5, tie, &mut g2);
-                prop_assert_eq!(g2.len(), at_tie);
-                g2.clear();
-                neon::gather_blocks_ge(&r, &want_bm(&r), thr, &mut g2);
-                prop_assert_eq!(&g2, &from_zero);
-                g2.clear();
-                neon::gather_blocks_ge(&r, &want_bm(&r), f32::NEG_INFINITY, &mut g2);
-                prop_assert_eq!(g2.len(), r.len());
-                prop_assert_eq!(&hits(&|b, v| neon::for_each_ge(b, thr, |i, x| v.push((i as u32, x)))), &want);
+                let s = (k.summarize)(&r, &mut bm2);
+                prop_assert!(!s.suspect || (k.false_alarm && huge), "{}", name);
+                prop_assert!(s.max == m, "{}", name);
+                prop_assert_eq!(s.max_block, first / BLOCK, "{}", name);
+                prop_assert_eq!(&bm2, &bm, "{}", name);
+                let mut bm3 = vec![0.0; bm.len()];
+                prop_assert!((k.block_max_into)(&r, &mut bm3) == m, "{}", name);
+                prop_assert_eq!(&bm3, &bm, "{}", name);
+                prop_assert_eq!((k.count_ge)(&r, thr), want.len(), "{}", name);
+                prop_assert_eq!((k.count_ge)(&r, tie), at_tie, "{}", name);
+                let mut g = Vec::new();
+                (k.gather_ge)(&r, 5, thr, &mut g);
+                prop_assert_eq!(&g, &gathered, "{}", name);
+                g.clear();
+                (k.gather_ge)(&r, 5, tie, &mut g);
+                prop_assert_eq!(g.len(), at_tie, "{}", name);
+                g.clear();
+                (k.gather_blocks_ge)(&r, &bm, thr, &mut g);
+                prop_assert_eq!(&g, &from_zero, "{}", name);
+                g.clear();
+                // Every entry (`-inf` ones too), and none of a padded block's padding.
+                (k.gather_blocks_ge)(&r, &bm, f32::NEG_INFINITY, &mut g);
+                prop_assert_eq!(g.len(), r.len(), "{}", name);
+                prop_assert_eq!(&hits(&|b, v| (k.for_each_ge)(b, thr, &mut |i, x| v.push((i as u32, x)))), &want, "{}", name);
             }
             if avx512vl_available() {
                 #[cfg(target_arch = "x86_64")]
