@@ -15,12 +15,12 @@
 //! The f64 `exp` of [`exp_in_place`] and [`exp64_block_sums`] runs on 8 lanes there too (see
 //! below). Every other kernel stays AVX2 (wider ones have not been written).
 //!
-//! On aarch64, the `neon` module has the whole-row passes ([`max`], [`summarize`], [`locate_max`],
-//! [`block_max_into`], [`argmax`], [`count_ge`]) and the gathers ([`gather_ge`],
-//! [`gather_blocks_ge`], [`for_each_ge`]); [`isa`] reports [`Isa::Neon`]. The exponentials
-//! run the portable code there. They are checked under
-//! emulation (`scripts/test-aarch64.sh`), not timed on ARM hardware. `TOKENSIEVE_ISA=portable`
-//! in the environment (read once) makes every dispatcher take the portable kernels.
+//! On aarch64, the `neon` module has the whole-row passes ([`max`], [`summarize`],
+//! [`locate_max`], [`block_max_into`], [`argmax`], [`count_ge`]) and the gathers
+//! ([`gather_ge`], [`gather_blocks_ge`], [`for_each_ge`]); [`isa`] reports [`Isa::Neon`]. The
+//! exponentials run the portable code there. The NEON kernels are checked under emulation
+//! (`scripts/test-aarch64.sh`), not timed on ARM hardware. `TOKENSIEVE_ISA=portable` in the
+//! environment (read once) makes every dispatcher take the portable kernels.
 //!
 //! The kernels (all for NaN-free input unless a kernel says otherwise):
 //!

@@ -8,7 +8,8 @@
 //! enables it. The functions carry `#[target_feature(enable = "neon")]` all the same (Rust
 //! asks for it to call the intrinsics safely), so calls from outside are `unsafe`; SAFETY
 //! (callers): the `cfg` that compiles this module is the proof. Inside, the only unsafe
-//! operation is the load in `load`, whose bounds come from a `&[f32; 4]`.
+//! operations are loads: `load`'s, whose bounds come from a `&[f32; 4]`, and that of a
+//! 16-byte constant.
 //!
 //! PERF: as with AVX2, safe Rust does not vectorise these loops well: a float `fold` is one
 //! dependency chain, and lane arrays are vectorised unevenly (two-lane halves, reloads). Here
@@ -49,12 +50,7 @@ fn block_lanes(block: &[f32; BLOCK]) -> float32x4_t {
 /// The whole blocks of `row` and its last, partial block padded with `-inf` (or `None`).
 fn blocks(row: &[f32]) -> (&[[f32; BLOCK]], Option<[f32; BLOCK]>) {
     let (whole, tail) = row.as_chunks::<BLOCK>();
-    let padded = (!tail.is_empty()).then(|| {
-        let mut pad = [f32::NEG_INFINITY; BLOCK];
-        pad[..tail.len()].copy_from_slice(tail);
-        pad
-    });
-    (whole, padded)
+    (whole, (!tail.is_empty()).then(|| whole_block(tail).into_owned()))
 }
 
 /// See [`super::max`].
