@@ -125,6 +125,10 @@ fn top_p(
 ) -> Option<()> {
     keys.clear();
     keys.extend(live.iter().map(|&i| (u64::from(total_order_key(data[i as usize].logit)) << 32) | u64::from(i)));
+    // PERF: this sort is about 135 ns of the chain's 2.2 µs at V = 32,000 (40 keys, branch
+    // misses). Measured on Zen 4 and not taken: an AVX-512 bitonic network over up to 64 keys in
+    // registers (126 ns for 40: its 512-bit operations run at half rate), counting ranks (220
+    // ns), 32-bit packed keys (131 ns), the stable sort (290 ns).
     keys.sort_unstable();
     let m = keys.len();
     let below = n - m;
