@@ -16,7 +16,7 @@
 //! `max` reads 32 floats per iteration on 4 independent accumulators; `exp_shifted` computes 8
 //! `expf` per iteration in double precision (glibc's algorithm) instead of 8 libm calls.
 
-use super::{Summary, BLOCK};
+use super::{Summary, APPROX_Y_MIN, BLOCK, EXP2_POLY};
 use crate::candidates::TokenData;
 use std::arch::x86_64::*;
 
@@ -1332,16 +1332,17 @@ unsafe fn exact_increments(x: __m256, c: &IncrementConsts) -> (__m256, __m256i, 
 /// 0.502 ulp (glibc's bound for its `expf`, which the replica reproduces bit for bit), under
 /// `2^-23.99`; `y` differs from `d·log2 e` by the roundings of the product and of `log2 e`, at
 /// most `1.27·2^-24·|y|`, so `2^y` from `e^d` by `ln 2` times that; and `w'` from `2^y` by
-/// [`APPROX_POLY_REL_ERROR`] (`2^-21`). So `|w' - w| <= w'·rho(y)` with
-/// `rho(y) = `[`APPROX_RHO`]` + `[`APPROX_RHO_Y`]`·|y|`, both constants twice the sum of those
-/// terms (for second-order terms, `e^d` against `w'`, and the f32 evaluation of the
-/// tolerance). With `x' = w'·scale` and `x = w·scale` (exact products: `scale` is a power of
-/// two), `|x - x'| <= tol = x'·rho(y)`. A lane is certain when `|x' - r| + tol < 1/2 - 2^-10`
-/// for the integer `r` nearest `x'`: then `r` is the integer nearest `x` too and `x` is no tie,
-/// so `r` is the exact increment. That needs `x' < 2^19` (above, `tol > 1/2`), so `x` is in
-/// the exact lane's range, and `r = fl(x' + 2^23) - 2^23` is the nearest integer. Lanes whose
-/// `y` was clamped to [`APPROX_Y_MIN`] have `w, w' < 2^-99.9`, so with `scale <= 2^50` both
-/// increments are 0 and `x` no tie, whatever the bound. (Subnormal `w`, which the exact
+/// [`APPROX_POLY_REL_ERROR`](super::APPROX_POLY_REL_ERROR) (`2^-21`). So
+/// `|w' - w| <= w'·rho(y)` with `rho(y) = `[`APPROX_RHO`]` + `[`APPROX_RHO_Y`]`·|y|`, both
+/// constants twice the sum of those terms (for second-order terms, `e^d` against `w'`, and the
+/// f32 evaluation of the tolerance). With `x' = w'·scale` and `x = w·scale` (exact products:
+/// `scale` is a power of two), `|x - x'| <= tol = x'·rho(y)`. A lane is certain when
+/// `|x' - r| + tol < 1/2 - 2^-10` for the integer `r` nearest `x'`: then `r` is the integer
+/// nearest `x` too and `x` is no tie, so `r` is the exact increment. That needs `x' < 2^19`
+/// (above, `tol > 1/2`), so `x` is in the exact lane's range, and `r = fl(x' + 2^23) - 2^23`
+/// is the nearest integer. Lanes whose `y` was clamped to [`APPROX_Y_MIN`] have
+/// `w, w' < 2^-99.9`, so with `scale <= 2^50` both increments are 0 and `x` no tie, whatever
+/// the bound. (Subnormal `w`, which the exact
 /// lanes zero, are such lanes.)
 ///
 /// PERF: the exact `expf` replica works in f64 (two halves per vector, a table lookup); the
@@ -1381,7 +1382,7 @@ pub(super) unsafe fn increments_by_lane(xs: &[f32; 8], sub: f32, scale: f32) -> 
 }
 
 /// [`approx_increments`]'s relative tolerance, `y`-independent part: twice
-/// [`APPROX_POLY_REL_ERROR`] plus 0.502 ulp.
+/// [`APPROX_POLY_REL_ERROR`](super::APPROX_POLY_REL_ERROR) plus 0.502 ulp.
 pub(super) const APPROX_RHO: f32 = 2.0 * (1.0 / (1u32 << 21) as f32 + 0.502 / (1u32 << 23) as f32);
 /// [`approx_increments`]'s relative tolerance per unit of `|y|`: twice `ln 2 · 1.27 · 2^-24`.
 pub(super) const APPROX_RHO_Y: f32 = 2.0 * std::f32::consts::LN_2 * 1.27 / (1u32 << 24) as f32;
@@ -1498,25 +1499,11 @@ pub unsafe fn exp_block_sums(src: &[f32], div: f32, sub: f32, out: &mut [f64]) {
     }
 }
 
-/// Coefficients of `2^f` on `[-0.5, 0.5]` (degree 5, fitted at the Chebyshev nodes; relative
-/// error 1.0e-7 in exact arithmetic, under [`APPROX_POLY_REL_ERROR`] evaluated in f32). The
-/// linear one rounds to ln 2's f32.
-pub(super) const EXP2_POLY: [f32; 6] =
-    [1.000_000_1, std::f32::consts::LN_2, 0.240_221_08, 0.055_503_57, 0.009_676_032, 0.001_339_086_3];
-
-/// Relative error of [`exp2_approx`] against `2^y` for `y >= APPROX_Y_MIN` (the `2^f` polynomial
-/// evaluated in f32 with fused multiply-adds; the scaling by `2^n` is exact). Checked by a dense
-/// sweep in the tests.
-pub(super) const APPROX_POLY_REL_ERROR: f64 = 1.0 / (1u64 << 21) as f64;
-
-/// [`exp2_approx`] clamps its argument to this; below it the result and `2^y` are both under
-/// `2^-99`.
-pub(super) const APPROX_Y_MIN: f32 = -100.0;
-
-/// `2^y` on 8 lanes, for `y <= 0.5`, within [`APPROX_POLY_REL_ERROR`] for `y >=`
-/// [`APPROX_Y_MIN`] (and under `2^-99.5` below): `y = n + f` with `n` an integer (by the
-/// 1.5·2^23 rounding trick, which also leaves `n` in the low bits) and `|f| <= 0.5`, then a
-/// quintic for `2^f` whose exponent field gets `n` added. Returns the result and the clamped `y`.
+/// `2^y` on 8 lanes, for `y <= 0.5`, within
+/// [`APPROX_POLY_REL_ERROR`](super::APPROX_POLY_REL_ERROR) for `y >=` [`APPROX_Y_MIN`] (and
+/// under `2^-99.5` below): `y = n + f` with `n` an integer (by the 1.5·2^23 rounding trick,
+/// which also leaves `n` in the low bits) and `|f| <= 0.5`, then a quintic for `2^f` whose
+/// exponent field gets `n` added. Returns the result and the clamped `y`.
 #[cfg(test)]
 #[target_feature(enable = "avx2,fma")]
 #[inline]

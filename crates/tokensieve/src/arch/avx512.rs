@@ -28,10 +28,10 @@
 //! times as many weights per second as the AVX2 one.
 
 use super::avx2::{
-    self, APPROX_CERTAIN, APPROX_RHO, APPROX_RHO_Y, APPROX_SCALE_MAX, APPROX_Y_MIN, EXP2F_TAB, EXP2_POLY,
-    EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT, EXPF_UFLOW, GROUP, INCREMENTS_MAX,
+    self, APPROX_CERTAIN, APPROX_RHO, APPROX_RHO_Y, APPROX_SCALE_MAX, EXP2F_TAB, EXPF_INV_LN2_N, EXPF_POLY, EXPF_SHIFT,
+    EXPF_UFLOW, GROUP, INCREMENTS_MAX,
 };
-use super::{Summary, BLOCK};
+use super::{Summary, APPROX_Y_MIN, BLOCK, EXP2_POLY};
 use std::arch::x86_64::*;
 
 /// See [`super::summarize`]: [`super::avx2`]'s kernel, with the NaN watch of `OrderedMasks`.

@@ -1,8 +1,17 @@
 //! NEON versions of the whole-row passes in [`super`] (aarch64), same names and contracts:
 //! the floor's [`max`], the summary pass ([`summarize`], [`locate_max`], [`block_max_into`]),
 //! [`argmax`] and [`count_ge`], and the gathers of the entries at or above a threshold
-//! ([`gather_ge`], [`gather_blocks_ge`], [`for_each_ge`]). The other kernels (the
-//! exponentials) run the portable code on aarch64.
+//! ([`gather_ge`], [`gather_blocks_ge`], [`for_each_ge`]). Of the exponentials:
+//!
+//! * the approximate block sums ([`exp_block_sums_approx`], [`exp_block_sums_approx_at`]):
+//!   AVX2's kernel on two vectors of 4 lanes per 8-lane AVX2 vector, operation for operation
+//!   and sum for sum, so the sums and the bound (and its proof) are AVX2's, bit for bit (the
+//!   tests hold both to one scalar model);
+//! * llama.cpp's softmax sum ([`exp_sum_sequential`]): the portable loop with each block's
+//!   entries found by a mask, added with the platform's `expf`.
+//!
+//! The rest (the exact `expf` and `exp` replicas, the sums that need them) run the portable
+//! code on aarch64.
 //!
 //! NEON is part of the aarch64 base ISA, so the module is compiled only where the target
 //! enables it. The functions carry `#[target_feature(enable = "neon")]` all the same (Rust
@@ -239,6 +248,35 @@ pub fn for_each_ge(block: &[f32], threshold: f32, mut f: impl FnMut(usize, f32))
     }
 }
 
+/// See [`super::exp_sum_sequential_patched`]: the portable loop, with each visited block's
+/// entries at or above the threshold found by one mask ([`mask_ge`]) instead of a branch per
+/// entry. The same entries are added in the same order with the platform's `expf`, so the sum
+/// is the portable one, bit for bit.
+///
+/// # Safety
+/// NEON must be enabled (it is wherever this module is compiled: see the module docs).
+#[target_feature(enable = "neon")]
+pub fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> f32 {
+    let mut sum = start;
+    let mut bound = super::log_half_ulp(sum);
+    let (mut patch, mut buf) = (super::PatchCursor::new(patches), [0.0f32; BLOCK]);
+    for (b, &bm) in block_max.iter().enumerate() {
+        if bm - sub < bound {
+            continue;
+        }
+        let (first, end) = (b * BLOCK, row.len().min(b * BLOCK + BLOCK));
+        let block = if patch.in_block(first, end) { patch.apply(row, first, end, &mut buf) } else { &row[first..end] };
+        let whole = whole_block(block);
+        let mut hits = mask_ge(&whole, block.len(), vdupq_n_f32(super::skip_threshold(sub, bound)));
+        while hits != 0 {
+            sum += (whole[hits.trailing_zeros() as usize] - sub).exp();
+            hits &= hits - 1;
+        }
+        bound = super::log_half_ulp(sum);
+    }
+    sum
+}
+
 /// See [`super::gather_ge`].
 ///
 /// # Safety
@@ -280,4 +318,176 @@ pub fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, out: &mu
             }
         }
     }
+}
+
+/// Eight f32 lanes as two vectors: AVX2's `__m256` lane for lane (lanes 0-3, then 4-7), so
+/// that the approximate kernels below compute what AVX2's compute, bit for bit.
+#[derive(Clone, Copy)]
+struct F32x8(float32x4_t, float32x4_t);
+
+impl F32x8 {
+    #[target_feature(enable = "neon")]
+    #[inline]
+    fn splat(x: f32) -> Self {
+        Self(vdupq_n_f32(x), vdupq_n_f32(x))
+    }
+
+    #[target_feature(enable = "neon")]
+    #[inline]
+    fn load(x: &[f32; 8]) -> Self {
+        let (v, _) = x.as_chunks::<4>();
+        Self(load(&v[0]), load(&v[1]))
+    }
+
+    /// Lane by lane, `f(self, other)`.
+    #[target_feature(enable = "neon")]
+    #[inline]
+    fn zip(self, o: Self, f: impl Fn(float32x4_t, float32x4_t) -> float32x4_t) -> Self {
+        Self(f(self.0, o.0), f(self.1, o.1))
+    }
+}
+
+/// The constants of [`exp2_approx`], set once per kernel call.
+struct Exp2Consts {
+    poly: [F32x8; 6],
+    y_min: F32x8,
+    magic: F32x8,
+}
+
+impl Exp2Consts {
+    #[target_feature(enable = "neon")]
+    #[inline]
+    fn new() -> Self {
+        Self {
+            poly: super::EXP2_POLY.map(|c| F32x8::splat(c)),
+            y_min: F32x8::splat(super::APPROX_Y_MIN),
+            magic: F32x8::splat(12_582_912.0), // 1.5·2^23
+        }
+    }
+}
+
+/// AVX2's `exp2_approx` (see [`super::avx2`]) on the same 8 lanes, operation for operation:
+/// `2^y` for `y <= 0.5`, within [`super::APPROX_POLY_REL_ERROR`] for `y >=`
+/// [`super::APPROX_Y_MIN`]. The clamp is FMAXNM, which like `vmaxps` with the constant second
+/// gives the constant for a NaN `y`; the fused multiply-adds are FMLA (`p·f + c`, one
+/// rounding); the rest is exact or rounds as AVX2's does. Returns the result and the clamped
+/// `y`.
+#[target_feature(enable = "neon")]
+#[inline]
+fn exp2_approx(y: F32x8, c: &Exp2Consts) -> (F32x8, F32x8) {
+    let y = y.zip(c.y_min, |a, b| vmaxnmq_f32(a, b));
+    let k = y.zip(c.magic, |a, b| vaddq_f32(a, b));
+    // `y - n` is exact: `n` is the integer nearest `y`, and `y`'s ulp divides it.
+    let f = y.zip(k.zip(c.magic, |a, b| vsubq_f32(a, b)), |a, b| vsubq_f32(a, b));
+    let mut p = c.poly[5];
+    for &coef in c.poly[..5].iter().rev() {
+        p = F32x8(vfmaq_f32(coef.0, p.0, f.0), vfmaq_f32(coef.1, p.1, f.1));
+    }
+    // `k`'s low mantissa bits hold `n` (two's complement); shifted into the exponent field
+    // they add `n` to `p`'s exponent (the high bits of the magic constant shift out).
+    let scale = |p: float32x4_t, k: float32x4_t| {
+        let n = vshlq_n_u32::<23>(vreinterpretq_u32_f32(k));
+        vreinterpretq_f32_u32(vaddq_u32(vreinterpretq_u32_f32(p), n))
+    };
+    (p.zip(k, scale), y)
+}
+
+/// See [`super::exp_block_sums_approx`]: AVX2's kernel (see [`super::avx2`]) on NEON, lane for
+/// lane and sum for sum, so the sums, the returned bound and the bound's proof are AVX2's.
+///
+/// # Safety
+/// NEON must be enabled (it is wherever this module is compiled: see the module docs).
+#[target_feature(enable = "neon")]
+pub fn exp_block_sums_approx(src: &[f32], div: f32, sub: f32, out: &mut [f64]) -> f64 {
+    approx_sums(src, div, sub, 0..out.len(), out)
+}
+
+/// See [`super::exp_block_sums_approx_at`]: [`exp_block_sums_approx`] over the listed blocks.
+///
+/// # Safety
+/// NEON must be enabled (it is wherever this module is compiled: see the module docs).
+#[target_feature(enable = "neon")]
+pub fn exp_block_sums_approx_at(src: &[f32], div: f32, sub: f32, blocks: &[u32], out: &mut [f64]) -> f64 {
+    approx_sums(src, div, sub, blocks.iter().map(|&b| b as usize), out)
+}
+
+/// The kernel of [`exp_block_sums_approx`], over the blocks `ids` names (each `< out.len()`):
+/// per block, `Σ 2^y` with `y = fl(x·(log2 e / div) + (-sub·log2 e))` accumulated per lane in
+/// f32, and `Σ -2^y·y` beside it; AVX2's order of every addition (two chains of 8 lanes over
+/// the block's 16-float chunks, joined, widened to f64 as lanes `i` and `i + 4`, then halves
+/// and pairs). The last, partial block uses the exact weights.
+#[target_feature(enable = "neon")]
+#[inline]
+fn approx_sums(src: &[f32], div: f32, sub: f32, ids: impl Iterator<Item = usize>, out: &mut [f64]) -> f64 {
+    let a = F32x8::splat((std::f64::consts::LOG2_E / div as f64) as f32);
+    let b = F32x8::splat((-(sub as f64) * std::f64::consts::LOG2_E) as f32);
+    let consts = Exp2Consts::new();
+    let zero = F32x8::splat(0.0);
+    // f64 lanes 0-1 and 2-3 of AVX2's `__m256d` accumulators.
+    let mut total = [vdupq_n_f64(0.0); 2];
+    let mut weighted = [vdupq_n_f64(0.0); 2];
+    let mut entries = 0;
+    for id in ids {
+        let start = id * BLOCK;
+        let Some(block) = src.get(start..(start + BLOCK).min(src.len())) else { continue };
+        entries += block.len();
+        let Ok(block) = <&[f32; BLOCK]>::try_from(block) else {
+            // The last, partial block: exact weights (exact sums need no bound).
+            out[id] = block.iter().map(|&x| (x / div - sub).exp() as f64).sum();
+            continue;
+        };
+        let (mut acc, mut acc1, mut acc_y, mut acc_y1) = (zero, zero, zero, zero);
+        let (chunks, _) = block.as_chunks::<16>();
+        for c in chunks {
+            let (c0, c1) = c.split_at(8);
+            let arg = |x: &[f32]| {
+                let x = F32x8::load(x.try_into().expect("8 floats"));
+                // x·a + b, one rounding.
+                F32x8(vfmaq_f32(b.0, x.0, a.0), vfmaq_f32(b.1, x.1, a.1))
+            };
+            let (w, y) = exp2_approx(arg(c0), &consts);
+            let (w1, y1) = exp2_approx(arg(c1), &consts);
+            acc = acc.zip(w, |s, w| vaddq_f32(s, w));
+            acc1 = acc1.zip(w1, |s, w| vaddq_f32(s, w));
+            // `y <= 0` but for rounding (see `super::approx_sums_error`): adds `-w·y`, one
+            // rounding (AVX2's `fnmadd`).
+            acc_y = F32x8(vfmsq_f32(acc_y.0, w.0, y.0), vfmsq_f32(acc_y.1, w.1, y.1));
+            acc_y1 = F32x8(vfmsq_f32(acc_y1.0, w1.0, y1.0), vfmsq_f32(acc_y1.1, w1.1, y1.1));
+        }
+        let acc = acc.zip(acc1, |s, t| vaddq_f32(s, t));
+        let acc_y = acc_y.zip(acc_y1, |s, t| vaddq_f32(s, t));
+        // f64 lane `i` is lane `i` plus lane `i + 4`.
+        let sums = [
+            vaddq_f64(vcvt_f64_f32(vget_low_f32(acc.0)), vcvt_f64_f32(vget_low_f32(acc.1))),
+            vaddq_f64(vcvt_high_f64_f32(acc.0), vcvt_high_f64_f32(acc.1)),
+        ];
+        for k in 0..2 {
+            total[k] = vaddq_f64(total[k], sums[k]);
+        }
+        weighted[0] = vaddq_f64(weighted[0], vcvt_f64_f32(vget_low_f32(acc_y.0)));
+        weighted[1] = vaddq_f64(weighted[1], vcvt_high_f64_f32(acc_y.0));
+        weighted[0] = vaddq_f64(weighted[0], vcvt_f64_f32(vget_low_f32(acc_y.1)));
+        weighted[1] = vaddq_f64(weighted[1], vcvt_high_f64_f32(acc_y.1));
+        let pair = vaddq_f64(sums[0], sums[1]);
+        out[id] = vgetq_lane_f64::<0>(pair) + vgetq_lane_f64::<1>(pair);
+    }
+    let lanes = |v: [float64x2_t; 2]| {
+        [vgetq_lane_f64::<0>(v[0]), vgetq_lane_f64::<1>(v[0]), vgetq_lane_f64::<0>(v[1]), vgetq_lane_f64::<1>(v[1])]
+    };
+    super::approx_sums_error(lanes(total).iter().sum(), lanes(weighted).iter().sum(), sub, entries)
+}
+
+/// For the tests: [`exp2_approx`] on 8 values.
+#[cfg(test)]
+#[target_feature(enable = "neon")]
+pub(super) fn exp2_approx_lanes(y: &[f32; 8]) -> [f32; 8] {
+    let (w, _) = exp2_approx(F32x8::load(y), &Exp2Consts::new());
+    let mut out = [0.0f32; 8];
+    let (halves, _) = out.as_chunks_mut::<4>();
+    // SAFETY: each half holds 4 writable floats.
+    unsafe {
+        vst1q_f32(halves[0].as_mut_ptr(), w.0);
+        vst1q_f32(halves[1].as_mut_ptr(), w.1);
+    }
+    out
 }
