@@ -865,6 +865,35 @@ impl<'a> PatchCursor<'a> {
     }
 }
 
+/// The block loop of the sequential sums without the `expf` replica (the portable kernel and
+/// NEON's): each block whose maximum can still change the running sum (its weight at least
+/// half an ulp of it), with its patches applied, goes to `add(sum, block, threshold)`, which
+/// adds the block's entries at or above `threshold` in order and returns the new sum. Inlined
+/// into each kernel, so that `add` is compiled with that kernel's target features.
+#[inline(always)]
+fn sequential_blocks(
+    start: f32,
+    row: &[f32],
+    sub: f32,
+    block_max: &[f32],
+    patches: &[(u32, f32)],
+    mut add: impl FnMut(f32, &[f32], f32) -> f32,
+) -> f32 {
+    let mut sum = start;
+    let mut bound = log_half_ulp(sum);
+    let (mut patch, mut buf) = (PatchCursor::new(patches), [0.0f32; BLOCK]);
+    for (b, &bm) in block_max.iter().enumerate() {
+        if bm - sub < bound {
+            continue;
+        }
+        let (first, end) = (b * BLOCK, row.len().min(b * BLOCK + BLOCK));
+        let block = if patch.in_block(first, end) { patch.apply(row, first, end, &mut buf) } else { &row[first..end] };
+        sum = add(sum, block, skip_threshold(sub, bound));
+        bound = log_half_ulp(sum);
+    }
+    sum
+}
+
 /// Natural log of half an ulp of a non-negative f32 `sum`, minus a margin of 0.01 that covers
 /// `expf`'s error and this function's rounding: `expf(x) < half_ulp(sum)` for `x` below it.
 #[inline]
@@ -1234,25 +1263,14 @@ pub mod portable {
 
     /// See [`super::exp_sum_sequential`].
     pub fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> f32 {
-        let mut sum = start;
-        let mut bound = super::log_half_ulp(sum);
-        let (mut patch, mut buf) = (super::PatchCursor::new(patches), [0.0f32; BLOCK]);
-        for (b, &bm) in block_max.iter().enumerate() {
-            if bm - sub < bound {
-                continue;
-            }
-            let (first, end) = (b * BLOCK, row.len().min(b * BLOCK + BLOCK));
-            let block =
-                if patch.in_block(first, end) { patch.apply(row, first, end, &mut buf) } else { &row[first..end] };
-            let threshold = super::skip_threshold(sub, bound);
+        super::sequential_blocks(start, row, sub, block_max, patches, |mut sum, block, threshold| {
             for &x in block {
                 if x >= threshold {
                     sum += (x - sub).exp();
                 }
             }
-            bound = super::log_half_ulp(sum);
-        }
-        sum
+            sum
+        })
     }
 
     /// See [`super::exp_shifted_sum`].

@@ -257,24 +257,15 @@ pub fn for_each_ge(block: &[f32], threshold: f32, mut f: impl FnMut(usize, f32))
 /// NEON must be enabled (it is wherever this module is compiled: see the module docs).
 #[target_feature(enable = "neon")]
 pub fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> f32 {
-    let mut sum = start;
-    let mut bound = super::log_half_ulp(sum);
-    let (mut patch, mut buf) = (super::PatchCursor::new(patches), [0.0f32; BLOCK]);
-    for (b, &bm) in block_max.iter().enumerate() {
-        if bm - sub < bound {
-            continue;
-        }
-        let (first, end) = (b * BLOCK, row.len().min(b * BLOCK + BLOCK));
-        let block = if patch.in_block(first, end) { patch.apply(row, first, end, &mut buf) } else { &row[first..end] };
+    super::sequential_blocks(start, row, sub, block_max, patches, |mut sum, block, threshold| {
         let whole = whole_block(block);
-        let mut hits = mask_ge(&whole, block.len(), vdupq_n_f32(super::skip_threshold(sub, bound)));
+        let mut hits = mask_ge(&whole, block.len(), vdupq_n_f32(threshold));
         while hits != 0 {
             sum += (whole[hits.trailing_zeros() as usize] - sub).exp();
             hits &= hits - 1;
         }
-        bound = super::log_half_ulp(sum);
-    }
-    sum
+        sum
+    })
 }
 
 /// See [`super::gather_ge`].
