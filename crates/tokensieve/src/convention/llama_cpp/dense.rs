@@ -141,6 +141,11 @@ pub(crate) struct Scratch {
     pub(crate) edited: Vec<TokenData>,
     /// Order keys of processed logits (transformers row path: the k-th largest).
     pub(crate) ranks: Vec<u32>,
+    /// transformers row path: the gathered tokens ranked, `(!key << 32) | index`, sorted.
+    pub(crate) ranked: Vec<u64>,
+    /// transformers row path: the view's positions by descending logit, when the ranking
+    /// gave them for this row's view (else empty): the fused tail's `top_p` order.
+    pub(crate) view_desc: Vec<u32>,
     /// A min-heap of block maxima (threshold selection).
     heap: Vec<f32>,
     /// Per-block f64 sums of weights (`dist`).
