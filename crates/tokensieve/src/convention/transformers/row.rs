@@ -301,26 +301,28 @@ pub(crate) fn prepare(
                 s.ranked.sort_unstable();
                 ranked = true;
                 from_sort_key(!((s.ranked[k - 1] >> 32) as u32))
-            } else if s.gathered.len() >= k {
-                s.ranks.extend(s.gathered.iter().map(|t| key(t.logit)));
-                // PERF: the gathered tokens' k-th largest first: an edited token at or below it
-                // cannot change it, and most edited tokens (a long history) lie far below.
-                let tau = kth(&mut s.ranks);
-                let before = s.ranks.len();
-                let above = s.edited.iter().map(|t| t.logit).filter(|z| z.total_cmp(&tau).is_gt());
-                s.ranks.extend(above.map(key));
-                if s.ranks.len() > before {
-                    kth(&mut s.ranks)
-                } else {
-                    tau
-                }
             } else {
                 s.ranks.extend(s.gathered.iter().map(|t| key(t.logit)));
-                s.ranks.extend(s.edited.iter().map(|t| key(t.logit)));
-                if s.ranks.len() < k {
-                    return Ok(None);
+                if s.ranks.len() >= k {
+                    // PERF: the gathered tokens' k-th largest first: an edited token at or
+                    // below it cannot change it, and most edited tokens (a long history) lie
+                    // far below.
+                    let tau = kth(&mut s.ranks);
+                    let before = s.ranks.len();
+                    let above = s.edited.iter().map(|t| t.logit).filter(|z| z.total_cmp(&tau).is_gt());
+                    s.ranks.extend(above.map(key));
+                    if s.ranks.len() > before {
+                        kth(&mut s.ranks)
+                    } else {
+                        tau
+                    }
+                } else {
+                    s.ranks.extend(s.edited.iter().map(|t| key(t.logit)));
+                    if s.ranks.len() < k {
+                        return Ok(None);
+                    }
+                    kth(&mut s.ranks)
                 }
-                kth(&mut s.ranks)
             }
         }
         Reduce::MinP(p, _) => {

@@ -133,7 +133,8 @@ fn top_p(
     keys: &mut Vec<u64>,
 ) -> Option<()> {
     keys.clear();
-    if let Some(order) = order.filter(|o| o.len() == live.len()) {
+    if let Some(order) = order {
+        debug_assert_eq!(order.len(), live.len(), "top_p: the order must list every live position");
         // Positions only: `at` below reads the low 32 bits.
         keys.extend(order.iter().rev().map(|&i| u64::from(i)));
     } else {
