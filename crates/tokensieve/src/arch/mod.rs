@@ -249,7 +249,10 @@ fn f16_kernel() -> Option<FusedWiden<half::f16>> {
         // beside them when AVX-512F and AVX-512VL were too.
         c.f16c.then_some(if c.avx512vl { avx512::widen_summarize_f16 } else { avx2::widen_summarize_f16 })
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    // `Isa::Neon` is only reported where the target enables NEON (the module's condition).
+    #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+    return (caps().isa == Isa::Neon).then_some(neon::widen_summarize_f16 as FusedWiden<_>);
+    #[cfg(not(any(target_arch = "x86_64", all(target_arch = "aarch64", target_feature = "neon"))))]
     None
 }
 
@@ -266,7 +269,10 @@ fn bf16_kernel() -> Option<FusedWiden<half::bf16>> {
             avx2::widen_summarize_bf16
         })
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    // As in `f16_kernel`.
+    #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+    return (caps().isa == Isa::Neon).then_some(neon::widen_summarize_bf16 as FusedWiden<_>);
+    #[cfg(not(any(target_arch = "x86_64", all(target_arch = "aarch64", target_feature = "neon"))))]
     None
 }
 
@@ -1645,6 +1651,8 @@ mod tests {
                 let want = summarize(&want_row, &mut want_bm);
                 #[cfg(target_arch = "x86_64")]
                 prop_assert_eq!(got.is_some(), if bf { isa() == Isa::Avx2 } else { caps().f16c });
+                #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+                prop_assert_eq!(got.is_some(), isa() == Isa::Neon);
                 if let Some(got) = got {
                     prop_assert_eq!(bits(&got_bm), bits(&want_bm));
                     prop_assert_eq!((got.max.to_bits(), got.max_block, got.suspect), (want.max.to_bits(), want.max_block, want.suspect));

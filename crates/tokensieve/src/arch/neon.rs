@@ -10,6 +10,9 @@
 //! * llama.cpp's softmax sum ([`exp_sum_sequential`]): the portable loop with each block's
 //!   entries found by a mask, added with the platform's `expf`.
 //!
+//! And the half-precision rows' summary in one pass ([`widen_summarize_f16`],
+//! [`widen_summarize_bf16`]): each group of blocks widened, then summarized while in L1.
+//!
 //! The rest (the exact `expf` and `exp` replicas, the sums that need them) run the portable
 //! code on aarch64.
 //!
@@ -82,24 +85,41 @@ pub fn max(row: &[f32]) -> f32 {
     tail.iter().fold(vmaxvq_f32(m), |m, &x| if x > m { x } else { m })
 }
 
-/// The summary, handing each block's maximum to `each_block` in order.
-#[target_feature(enable = "neon")]
-#[inline]
-fn scan(row: &[f32], mut each_block: impl FnMut(f32)) -> Summary {
-    let (whole, padded) = blocks(row);
-    let mut best = f32::NEG_INFINITY;
-    let mut best_block = 0;
-    let mut suspect = false;
-    for (b, block) in whole.iter().chain(padded.as_ref()).enumerate() {
-        let m = vmaxvq_f32(block_lanes(block));
-        each_block(m);
-        suspect |= m.is_nan() || m == f32::INFINITY;
-        if m > best || b == 0 {
-            best = m;
-            best_block = b;
+/// A summary pass in progress: the row's blocks are scanned in order, part by part.
+struct Scan {
+    best: f32,
+    best_block: usize,
+    /// The index of the next block.
+    next: usize,
+    suspect: bool,
+}
+
+impl Scan {
+    fn new() -> Self {
+        Self { best: f32::NEG_INFINITY, best_block: 0, next: 0, suspect: false }
+    }
+
+    /// Scans the blocks of `part`, the row's next entries (whole blocks, unless it ends the
+    /// row), handing each block's maximum to `each_block` in order.
+    #[target_feature(enable = "neon")]
+    #[inline]
+    fn blocks(&mut self, part: &[f32], mut each_block: impl FnMut(f32)) {
+        let (whole, padded) = blocks(part);
+        for block in whole.iter().chain(padded.as_ref()) {
+            let m = vmaxvq_f32(block_lanes(block));
+            each_block(m);
+            self.suspect |= m.is_nan() || m == f32::INFINITY;
+            if m > self.best || self.next == 0 {
+                self.best = m;
+                self.best_block = self.next;
+            }
+            self.next += 1;
         }
     }
-    Summary { max: best, max_block: best_block, suspect }
+
+    fn summary(&self) -> Summary {
+        Summary { max: self.best, max_block: self.best_block, suspect: self.suspect }
+    }
 }
 
 /// See [`super::summarize`].
@@ -109,7 +129,69 @@ fn scan(row: &[f32], mut each_block: impl FnMut(f32)) -> Summary {
 #[target_feature(enable = "neon")]
 pub fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
     block_max.reserve(row.len().div_ceil(BLOCK));
-    scan(row, |m| block_max.push(m))
+    let mut scan = Scan::new();
+    scan.blocks(row, |m| block_max.push(m));
+    scan.summary()
+}
+
+/// See [`super::widen_summarize_f16`]: `half`'s conversion (FP16 instructions where the CPU
+/// has them) into `out` a group of eight blocks at a time, each group summarized while it is
+/// in L1. Without `out`, each group is widened into a buffer of one group and not kept.
+///
+/// # Safety
+/// NEON must be enabled (it is wherever this module is compiled: see the module docs); `out`,
+/// if given, must hold `src.len()` entries.
+#[target_feature(enable = "neon")]
+pub fn widen_summarize_f16(src: &[half::f16], out: Option<&mut [f32]>, block_max: &mut Vec<f32>) -> Summary {
+    use half::slice::HalfFloatSliceExt;
+    widen_summarize_with(src, out, block_max, |s, o| s.convert_to_f32_slice(o))
+}
+
+/// See [`super::widen_summarize_bf16`] and [`widen_summarize_f16`]: a bf16 is the top half of
+/// an f32 (a shift per value, which LLVM vectorises).
+///
+/// # Safety
+/// As [`widen_summarize_f16`].
+#[target_feature(enable = "neon")]
+pub fn widen_summarize_bf16(src: &[half::bf16], out: Option<&mut [f32]>, block_max: &mut Vec<f32>) -> Summary {
+    widen_summarize_with(src, out, block_max, |s, o| {
+        for (w, x) in o.iter_mut().zip(s) {
+            *w = f32::from_bits(u32::from(x.to_bits()) << 16);
+        }
+    })
+}
+
+/// The body of the `widen_summarize_*` kernels, `widen` converting a part into a slice of the
+/// same length.
+#[target_feature(enable = "neon")]
+#[inline]
+fn widen_summarize_with<T>(
+    src: &[T],
+    out: Option<&mut [f32]>,
+    block_max: &mut Vec<f32>,
+    widen: impl Fn(&[T], &mut [f32]),
+) -> Summary {
+    const GROUP: usize = 8 * BLOCK;
+    block_max.reserve(src.len().div_ceil(BLOCK));
+    let mut scan = Scan::new();
+    match out {
+        Some(out) => {
+            assert_eq!(out.len(), src.len(), "widen_summarize: wrong output length");
+            for (s, o) in src.chunks(GROUP).zip(out.chunks_mut(GROUP)) {
+                widen(s, o);
+                scan.blocks(o, |m| block_max.push(m));
+            }
+        }
+        None => {
+            let mut part = [0.0f32; GROUP];
+            for s in src.chunks(GROUP) {
+                let o = &mut part[..s.len()];
+                widen(s, o);
+                scan.blocks(o, |m| block_max.push(m));
+            }
+        }
+    }
+    scan.summary()
 }
 
 /// See [`super::locate_max`]: the horizontal maximum of a block only where one of its lanes
