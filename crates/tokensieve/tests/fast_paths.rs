@@ -720,9 +720,10 @@ fn transformers_sample_matches_the_array_path() {
 
 /// Transformers convention, `repetition_penalty` over a history that holds the row's top
 /// tokens (a long generation has sampled them): before the temperatures (generate()'s order)
-/// the penalised logits are an overlay on the row, which `top_k`, `min_p` and `greedy` read
-/// in place, and a penalty strong enough pushes top tokens below the k-th value (or, below 1,
-/// lifts them). The same tokens as the array path over many steps, with the fast path taken.
+/// the penalised logits are read off the row in place by `top_k`, `min_p` and `greedy`, and a
+/// penalty strong enough pushes top tokens below the k-th value (or, below 1, lifts them).
+/// The history is short, or long as a prompt makes it (thousands of tokens, most far below
+/// the top). The same tokens as the array path over many steps, with the fast path taken.
 #[test]
 fn transformers_penalties_on_the_top_tokens() {
     let mut fast = 0;
@@ -735,7 +736,7 @@ fn transformers_penalties_on_the_top_tokens() {
         let row = generate::row(kind, v, 7 + case as u64);
         let mut order: Vec<u32> = (0..v as u32).collect();
         order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
-        for (j, spec) in [
+        for (j, (spec, prompt)) in [
             "repetition_penalty(1.1);temperature(0.8);top_k(40);top_p(0.95);min_p(0.05);dist",
             "repetition_penalty(3.0);temperature(0.8);top_k(40);dist",
             "repetition_penalty(0.7);temperature(0.8);top_k(10);dist",
@@ -746,14 +747,17 @@ fn transformers_penalties_on_the_top_tokens() {
             "temperature(0.8);repetition_penalty(1.4);top_k(40);dist",
         ]
         .iter()
+        .flat_map(|spec| [(spec, 0usize), (spec, 3000)])
         .enumerate()
         {
             let ctx =
                 BuildContext::new(v, RngConfig::philox(j as u64)).with_convention(tokensieve::Convention::Transformers);
             let mut chain = Chain::from_spec(spec, &ctx).unwrap();
             let mut stages = chain.stages().to_vec();
-            // The top 60 tokens, every other one, and some spread over the row.
-            let history = order.iter().take(60).step_by(2).copied().chain((0..40).map(|i| (i * 7919 % v) as u32));
+            // The top 60 tokens, every other one, and some spread over the row (a prompt's
+            // worth of them, ids past the row's end too, for the long history).
+            let spread = (0..40 + prompt).map(|i| (i * 7919 % (v + v / 8)) as u32);
+            let history = order.iter().take(60).step_by(2).copied().chain(spread);
             for t in history {
                 chain.accept(t);
                 stages.iter_mut().for_each(|s| s.accept(t));
@@ -761,7 +765,7 @@ fn transformers_penalties_on_the_top_tokens() {
             for step in 0..40 {
                 let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
                 let got = chain.sample(&row).unwrap();
-                assert_eq!(got, want, "{spec} on {kind:?} {v}, step {step}");
+                assert_eq!(got, want, "{spec} after a prompt of {prompt} on {kind:?} {v}, step {step}");
                 fast += usize::from(matches!(chain.last_path(), Path::Fast(_)));
                 steps += 1;
                 stages.iter_mut().for_each(|s| s.accept(got));

@@ -613,11 +613,7 @@ pub(crate) fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<f32> {
         let need = k + extra;
         // More than there are blocks: the block maxima cannot bound it; the row's own values
         // are counted instead.
-        let tau = if need > s.block_max.len() {
-            row_threshold(need, max, r, s)?
-        } else {
-            threshold_near(need, max, seed, s)?
-        };
+        let tau = threshold_for(need, max, seed, r, s)?;
         let large = s.overlay.iter().filter(|e| r[e.0 as usize] >= tau && e.1 < tau).count();
         if large <= extra {
             gather_at_least(r, &s.block_max, &s.overlay, tau, &mut s.gathered, &mut s.blocks);
@@ -639,6 +635,19 @@ pub(crate) fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<f32> {
         let lowered = s.overlay.iter().filter(|e| e.1 < r[e.0 as usize]).count();
         (extra, seed) =
             if round == 1 && large * 4 <= lowered { (large, Some((max - tau).max(1e-6))) } else { (lowered, None) };
+    }
+}
+
+/// A `tau` that at least `need` entries of `r` reach, and usually not many more: from the
+/// block maxima ([`threshold_near`], from the gap `seed` if given) while there are at least
+/// `need` blocks, else counted on the row. `None` when the row has fewer than `need` entries
+/// or no finite maximum.
+pub(crate) fn threshold_for(need: usize, max: f32, seed: Option<f32>, r: &[f32], s: &mut Scratch) -> Option<f32> {
+    if need > s.block_max.len() {
+        // More than there are blocks: the block maxima cannot bound it.
+        row_threshold(need, max, r, s)
+    } else {
+        threshold_near(need, max, seed, s)
     }
 }
 

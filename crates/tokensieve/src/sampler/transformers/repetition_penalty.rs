@@ -41,6 +41,9 @@ pub struct RepetitionPenalty {
     penalty: f32,
     /// Distinct ids accepted so far, sorted.
     seen: Vec<u32>,
+    /// The same ids as bits (id `i` is bit `i % 64` of word `i / 64`), for membership tests
+    /// that do not depend on how long the history is.
+    seen_bits: Vec<u64>,
 }
 
 impl RepetitionPenalty {
@@ -53,7 +56,7 @@ impl RepetitionPenalty {
                 format!("has to be a strictly positive (finite) float, but is {penalty}"),
             ));
         }
-        Ok(RepetitionPenalty { penalty: fl32(penalty), seen: Vec::new() })
+        Ok(RepetitionPenalty { penalty: fl32(penalty), seen: Vec::new(), seen_bits: Vec::new() })
     }
 }
 
@@ -75,11 +78,17 @@ impl Sampler for RepetitionPenalty {
     fn accept(&mut self, token: u32) {
         if let Err(pos) = self.seen.binary_search(&token) {
             self.seen.insert(pos, token);
+            let word = token as usize / 64;
+            if word >= self.seen_bits.len() {
+                self.seen_bits.resize(word + 1, 0);
+            }
+            self.seen_bits[word] |= 1 << (token % 64);
         }
     }
 
     fn reset(&mut self) {
         self.seen.clear();
+        self.seen_bits.clear();
     }
 }
 
@@ -98,6 +107,18 @@ impl RepetitionPenalty {
     pub(crate) fn seen(&self) -> &[u32] {
         &self.seen
     }
+
+    /// Whether `id` was accepted (this stage edits its logit).
+    #[inline]
+    pub(crate) fn has_seen(&self, id: u32) -> bool {
+        self.seen_bits.get(id as usize / 64).is_some_and(|w| w >> (id % 64) & 1 != 0)
+    }
+
+    /// Whether every logit it edits goes down or stays: a penalty of at least 1 divides the
+    /// positive ones by it and multiplies the negative ones.
+    pub(crate) fn lowers(&self) -> bool {
+        self.penalty >= 1.0
+    }
 }
 
 impl FromSpec for RepetitionPenalty {
@@ -112,6 +133,22 @@ impl FromSpec for RepetitionPenalty {
 mod tests {
     use super::*;
     use crate::sampler::transformers::test_util::*;
+
+    /// `has_seen` answers for the accepted ids only, across the bitset's words and past its
+    /// end, and forgets them on `reset`.
+    #[test]
+    fn has_seen_is_membership_in_the_history() {
+        let mut pen = RepetitionPenalty::new(1.3).unwrap();
+        let history = [5u32, 63, 64, 5, 1000, 130_000];
+        history.iter().for_each(|&t| pen.accept(t));
+        for id in (0..1100).chain([129_999, 130_000, 130_001, u32::MAX]) {
+            assert_eq!(pen.has_seen(id), history.contains(&id), "id {id}");
+        }
+        assert_eq!(pen.seen(), [5, 63, 64, 1000, 130_000]);
+        pen.reset();
+        assert!(history.iter().all(|&t| !pen.has_seen(t)));
+        assert!(pen.lowers() && !RepetitionPenalty::new(0.9).unwrap().lowers());
+    }
 
     #[test]
     fn transformers_repetition_penalty_test_vectors() {
