@@ -549,7 +549,7 @@ pub(crate) fn gather_at_least(
 ) {
     out.clear();
     arch::gather_blocks_ge(r, block_max, tau, out);
-    if !edit_in_place(r, overlay, tau, out) {
+    if !overlay.is_empty() {
         // Merge in id order (both are sorted): an edited entry replaces the row's, and is
         // kept only if its edited value reaches `tau`.
         blocks.clear();
@@ -571,31 +571,6 @@ pub(crate) fn gather_at_least(
     }
 }
 
-/// [`gather_at_least`]'s edits when none adds or removes an entry: `out` holds the row's
-/// entries `>= tau` (ascending ids), and each edit of one of them keeps it at or above `tau`
-/// (an edit of any other entry leaves it below `tau`); such an entry takes its edited value in
-/// place. `false` where an edit adds or removes an entry; `out` may then hold some edited
-/// values already, which the merge gives them again.
-///
-/// PERF: a penalty's history is mostly tokens far below `tau`, and merging it took a
-/// mispredicted branch wherever its ids and the gathered ones interleave. Here those edits
-/// are passed over by one test each and the few others found by binary search: the bench's
-/// `repetition_penalty` chain at V = 32,000 (70 edits, 45 gathered, 6 edits among them) went
-/// from 2.54 to 2.43 µs (interleaved runs, Zen 4).
-fn edit_in_place(r: &[f32], overlay: &[(u32, f32)], tau: f32, out: &mut [TokenData]) -> bool {
-    let mut touching = overlay.iter().filter(|e| r[e.0 as usize] >= tau || e.1 >= tau);
-    touching.all(|&(id, logit)| {
-        let at = out.partition_point(|t| t.id < id);
-        match out.get_mut(at) {
-            Some(t) if t.id == id && logit >= tau => {
-                t.logit = logit;
-                true
-            }
-            _ => false,
-        }
-    })
-}
-
 /// A superset of the `k` largest entries of row + overlay (all entries `>= tau` for a `tau`
 /// at most the k-th largest), or `None` when there are too few blocks to bound it.
 ///
@@ -611,8 +586,6 @@ pub(crate) fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<f32> {
     let (mut extra, mut round, mut seed) = (0, 0, None);
     loop {
         let need = k + extra;
-        // More than there are blocks: the block maxima cannot bound it; the row's own values
-        // are counted instead.
         let tau = threshold_for(need, max, seed, r, s)?;
         let large = s.overlay.iter().filter(|e| r[e.0 as usize] >= tau && e.1 < tau).count();
         if large <= extra {
@@ -644,7 +617,8 @@ pub(crate) fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<f32> {
 /// or no finite maximum.
 pub(crate) fn threshold_for(need: usize, max: f32, seed: Option<f32>, r: &[f32], s: &mut Scratch) -> Option<f32> {
     if need > s.block_max.len() {
-        // More than there are blocks: the block maxima cannot bound it.
+        // More than there are blocks: the block maxima cannot bound it; the row's own values
+        // are counted instead.
         row_threshold(need, max, r, s)
     } else {
         threshold_near(need, max, seed, s)
@@ -2112,8 +2086,8 @@ mod tests {
     /// case: a few drop below, and the second round allows for those), or by a lot (every
     /// lowered entry is allowed for), on the real SmolLM2 row and generated rows; and logit
     /// bias's edits, which keep the top entries in place (lowered a little) or hide some, and
-    /// lift entries from the bottom of the row above the maximum (the in-place edits and the
-    /// merge of [`gather_at_least`]).
+    /// lift entries from the bottom of the row above the maximum (what [`gather_at_least`]'s
+    /// merge replaces, drops and adds).
     #[test]
     fn gather_top_holds_the_k_largest_of_row_and_overlay() {
         /// Penalties lower the top `n` ids (divided by the first, less the second); logit bias
