@@ -347,7 +347,8 @@ pub(crate) fn prepare(
         None => gather_top(k, r, s),
     };
     let Some(gathered_from) = gathered else { return Ok(None) };
-    // The gathered tokens are untouched: their processed logits, once, in place.
+    // The gathered tokens hold raw logits (penalised by a lowering penalty, which `untouched`
+    // then skips): their processed logits, once, in place.
     let process = |g: &mut [TokenData]| untouched(prefix, g);
     process(&mut s.gathered);
     let mut ranked = false;
