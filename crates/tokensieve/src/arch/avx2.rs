@@ -594,13 +594,21 @@ pub unsafe fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<
     }
 }
 
-/// See [`super::gather_blocks_ge`]: the block maxima tested 64 at a time into one mask, then
-/// [`gather_ge`] (inlined) on each block that reaches the threshold, found by its set bit.
+/// See [`super::gather_blocks_ge`]: the block maxima tested 64 at a time into one mask, the
+/// passing blocks listed (up to [`LISTED`] maxima at a time), then [`gather_ge`] (inlined) on
+/// each listed block.
 ///
-/// PERF: measured on Zen 4 and not taken, with the 57 blocks that reach the top 60 of the
-/// bench's row at V = 32,000 (0.33 µs here, the blocks in L1): an AVX-512 kernel that lists
-/// the passing blocks first (a compress per 16 maxima) and takes each block's mask from 4
-/// compares, 0.21–0.30 µs alone but within noise of this one in the chains (`tokensieve bench`,
+/// PERF: listing first leaves the gathering loop a known trip count, so the loads of the next
+/// blocks issue while this one's bits are visited. Visiting each group's passing bits as they
+/// were found took 0.33 µs against 0.27–0.28 µs listed, for the 40 blocks that reach the top 40
+/// of the bench's row at V = 32,000 (0.48 against 0.37–0.38 µs at 128,256), on an Intel Xeon
+/// (Sapphire Rapids class). In the bench (interleaved, 5 to 7 pairs): raw `logprobs(20)` at
+/// 32k 2.70× → 2.62× the floor, the default chain at 128k 1.112× → 1.100×, at 32k unchanged.
+///
+/// Measured on Zen 4 and not taken, with the 57 blocks that reach the top 60 of the bench's
+/// row at V = 32,000 (0.33 µs there, the blocks in L1): an AVX-512 kernel that lists the
+/// passing blocks with a compress per 16 maxima and takes each block's mask from 4 compares,
+/// 0.21–0.30 µs alone but within noise of this one in the chains (`tokensieve bench`,
 /// interleaved, 2.04× against 2.04× at 32k); compressing each block's entries instead of
 /// visiting its mask's bits, 0.41 µs (the register compresses are slow on Zen 4).
 ///
@@ -609,23 +617,35 @@ pub unsafe fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, out: &mut Vec<TokenData>) {
     let t = _mm256_set1_ps(threshold);
-    for (g, maxima) in block_max.chunks(64).enumerate() {
-        let mut passing = if let Ok(whole) = <&[f32; 64]>::try_from(maxima) {
-            whole.chunks_exact(8).enumerate().fold(0u64, |m, (k, c)| {
-                // SAFETY: `c` holds 8 floats.
-                let v = _mm256_loadu_ps(c.as_ptr());
-                m | (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(v, t)) as u8 as u64) << (8 * k)
-            })
-        } else {
-            maxima.iter().enumerate().fold(0u64, |m, (j, &bm)| m | ((bm >= threshold) as u64) << j)
-        };
-        while passing != 0 {
-            let start = (g * 64 + passing.trailing_zeros() as usize) * BLOCK;
-            passing &= passing - 1;
+    let mut listed = [0u32; LISTED];
+    for (l, part) in block_max.chunks(LISTED).enumerate() {
+        let mut n = 0;
+        for (g, maxima) in part.chunks(64).enumerate() {
+            let mut passing = if let Ok(whole) = <&[f32; 64]>::try_from(maxima) {
+                whole.chunks_exact(8).enumerate().fold(0u64, |m, (k, c)| {
+                    // SAFETY: `c` holds 8 floats.
+                    let v = _mm256_loadu_ps(c.as_ptr());
+                    m | (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(v, t)) as u8 as u64) << (8 * k)
+                })
+            } else {
+                maxima.iter().enumerate().fold(0u64, |m, (j, &bm)| m | ((bm >= threshold) as u64) << j)
+            };
+            while passing != 0 {
+                // At most one entry per maximum of `part`: `n < LISTED`.
+                listed[n] = (l * LISTED + g * 64) as u32 + passing.trailing_zeros();
+                n += 1;
+                passing &= passing - 1;
+            }
+        }
+        for &b in &listed[..n] {
+            let start = b as usize * BLOCK;
             gather_ge(&row[start..row.len().min(start + BLOCK)], start as u32, threshold, out);
         }
     }
 }
+
+/// The block maxima [`gather_blocks_ge`] tests before gathering from the blocks that pass.
+const LISTED: usize = 512;
 
 // ------------------------------------------------------------------------------- expf
 

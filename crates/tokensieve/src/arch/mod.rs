@@ -1543,6 +1543,36 @@ mod tests {
         false
     }
 
+    /// [`gather_blocks_ge`] on rows of more blocks than a kernel lists at a time (AVX2 lists
+    /// 512 block maxima, then gathers), ending on a part's edge, just past it and in a short
+    /// block: the entries at or above each threshold, in id order, as the obvious filter.
+    #[test]
+    fn gather_blocks_ge_across_listed_parts() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for len in [512 * BLOCK - 1, 512 * BLOCK, 512 * BLOCK + 1, 1024 * BLOCK + 64, 3 * 512 * BLOCK + 100] {
+            let row: Vec<f32> = (0..len)
+                .map(|_| {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((state >> 40) as f32 / (1u64 << 24) as f32) * 40.0 - 20.0
+                })
+                .collect();
+            let bm = want_bm(&row);
+            for thr in [19.99f32, 19.0, 10.0, -20.0, f32::NEG_INFINITY] {
+                let want: Vec<TokenData> = row
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &x)| x >= thr)
+                    .map(|(i, &x)| TokenData { id: i as u32, logit: x, p: 0.0 })
+                    .collect();
+                for k in row_kernels() {
+                    let mut got = Vec::new();
+                    (k.gather_blocks_ge)(&row, &bm, thr, &mut got);
+                    assert_eq!(got, want, "{} V={len} threshold {thr}", k.name);
+                }
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(config())]
 
