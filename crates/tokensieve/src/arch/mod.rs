@@ -356,10 +356,11 @@ pub struct Summary {
 }
 
 /// One pass over `row`: validation, the maximum and the maximum of every [`BLOCK`] of
-/// entries (the last block may be shorter), written to `block_max` (cleared first).
+/// entries (the last block may be shorter), written to `block_max` (replacing its contents).
 pub fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
-    block_max.clear();
     let c = caps();
+    // The x86 kernels size `block_max` and write every entry: a row of the last row's length
+    // (the usual case) costs no fill. The others push onto it.
     match c.isa {
         // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime,
         // `avx512vl` only beside them when AVX-512F and AVX-512VL were too.
@@ -369,9 +370,15 @@ pub fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::summarize(row, block_max) },
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        // SAFETY: the module exists only where the target enables NEON.
-        Isa::Neon => unsafe { neon::summarize(row, block_max) },
-        _ => portable::summarize(row, block_max),
+        Isa::Neon => {
+            block_max.clear();
+            // SAFETY: the module exists only where the target enables NEON.
+            unsafe { neon::summarize(row, block_max) }
+        }
+        _ => {
+            block_max.clear();
+            portable::summarize(row, block_max)
+        }
     }
 }
 
