@@ -595,7 +595,7 @@ pub unsafe fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<
 }
 
 /// See [`super::gather_blocks_ge`]: the block maxima tested 64 at a time into one mask, the
-/// passing blocks listed (up to [`LISTED`] maxima at a time), then [`gather_ge`] (inlined) on
+/// passing blocks listed (from up to `LISTED` = 512 maxima at a time), then [`gather_ge`] (inlined) on
 /// each listed block.
 ///
 /// PERF: listing first leaves the gathering loop a known trip count, so the loads of the next
