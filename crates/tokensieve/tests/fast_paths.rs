@@ -775,6 +775,63 @@ fn transformers_penalties_on_the_top_tokens() {
     assert!(fast * 10 >= steps * 9, "the fast path ran in only {fast} of {steps} steps");
 }
 
+/// llama.cpp's `penalties` before `top_k` over a long window (thousands of tokens, many seen
+/// more than once, some past the row's end), on the row's top tokens: the fast path reads the
+/// edits of a lowering `penalties` off the gathered entries, and builds the overlay for the
+/// others (`repeat < 1`, a negative frequency penalty, logit bias beside it). Each chain is
+/// checked against the array path over 40 steps, after a short and after a long history.
+#[test]
+fn llama_cpp_penalties_over_long_windows() {
+    let mut fast = 0;
+    let mut steps = 0;
+    for (case, &(kind, v)) in
+        [(RowKind::Peaked, 32_000), (RowKind::Gaussian, 5_000), (RowKind::Peaked, 129_000), (RowKind::ShiftedUp, 9_000)]
+            .iter()
+            .enumerate()
+    {
+        let row = generate::row(kind, v, 11 + case as u64);
+        let mut order: Vec<u32> = (0..v as u32).collect();
+        order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
+        for (j, (spec, prompt)) in [
+            "penalties(8192,1.1,0.1,0.1);top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist",
+            "penalties(8192,3.0,1.0,0.5);top_k(40);temperature(0.8);dist",
+            "penalties(8192,1.5,0,0);top_k(5);dist",
+            "penalties(8192,1,0,2.5);top_k(40);min_p(0.05,1);dist",
+            "penalties(100,1.2,0.3,0);top_k(20);top_p(0.9,1);dist",
+            "penalties(8192,0.8,0.1,0.1);top_k(40);dist",
+            "penalties(8192,1.1,-0.5,0);top_k(40);dist",
+            "penalties(8192,1,0,-4);top_k(10);dist",
+            "penalties(8192,1,-3,0);top_k(40);dist",
+            "penalties(8192,1.1,0.1,0.1);logit_bias(5:2.5 17:-1);top_k(40);dist",
+        ]
+        .iter()
+        .flat_map(|spec| [(spec, 0usize), (spec, 3000)])
+        .enumerate()
+        {
+            let ctx = BuildContext::new(v, RngConfig::philox(j as u64));
+            let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+            let mut stages = chain.stages().to_vec();
+            // The top 60 tokens, every other one twice, and a prompt's worth spread over the
+            // row (ids past its end too), each some number of times.
+            let spread = (0..40 + prompt).map(|i| (i * 7919 % (v + v / 8)) as u32);
+            let top = order.iter().take(60).step_by(2).flat_map(|&t| [t, t]);
+            for t in top.chain(spread.flat_map(|t| std::iter::repeat_n(t, 1 + t as usize % 3))) {
+                chain.accept(t);
+                stages.iter_mut().for_each(|s| s.accept(t));
+            }
+            for step in 0..40 {
+                let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
+                let got = chain.sample(&row).unwrap();
+                assert_eq!(got, want, "{spec} after a prompt of {prompt} on {kind:?} {v}, step {step}");
+                fast += usize::from(matches!(chain.last_path(), Path::Fast(_)));
+                steps += 1;
+                stages.iter_mut().for_each(|s| s.accept(got));
+            }
+        }
+    }
+    assert!(fast * 10 >= steps * 9, "the fast path ran in only {fast} of {steps} steps");
+}
+
 /// A `repetition_penalty` after a temperature rounds in that order: here the penalised token
 /// (`fl32(fl32(b / 0.8) * 1.4)`) ties an untouched one exactly at `top_k(1)`, so both survive
 /// and `dist` picks either, where the penalty taken first (`fl32(fl32(b * 1.4) / 0.8)`, one ulp

@@ -126,6 +126,20 @@ impl Penalties {
         logit - (count as f32 * self.freq + self.present)
     }
 
+    /// `token`'s count in the window, `None` when it is not there.
+    #[inline]
+    pub(crate) fn count(&self, token: u32) -> Option<u32> {
+        self.counts.get(&token).copied()
+    }
+
+    /// Whether every logit it edits goes down or stays, whatever the count: `repeat >= 1`
+    /// divides the positive ones by it and multiplies the others (f32 rounding cannot take a
+    /// quotient or product above the logit), and `freq, present >= 0` subtract a count's
+    /// `count * freq + present >= 0`.
+    pub(crate) fn lowers(&self) -> bool {
+        !self.is_inert() && self.repeat >= 1.0 && self.freq >= 0.0 && self.present >= 0.0
+    }
+
     /// The tokens in the window with their counts, in no particular order (each token once).
     pub(crate) fn counts(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.counts.iter().map(|(&t, &c)| (t, c))

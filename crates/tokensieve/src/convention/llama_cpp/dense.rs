@@ -110,6 +110,7 @@ use crate::convention::{transformers, Convention};
 use crate::error::{Error, Result};
 use crate::logits::Logits;
 use crate::sampler::dist::Dist;
+use crate::sampler::penalties::Penalties;
 use crate::sampler::{Sampler, Stage};
 use crate::stdsort;
 
@@ -299,18 +300,18 @@ fn prepare_f32(
     s.summary = Some(summary);
 
     s.overlay.clear();
+    if need == Need::Token {
+        if let Some((pen, first)) = lowering_penalties(stages) {
+            if let Some(done) = top_k_dist(stages, first, r, s, c, Some(pen))? {
+                return Ok(done);
+            }
+        }
+    }
     let mut first = 0;
     while let Some(stage) = stages.get(first) {
         match stage {
             _ if stage.is_inert() => {}
-            Stage::Penalties(pen) if s.overlay.is_empty() => {
-                // The first edits (each token once): appended, then sorted once, rather than
-                // inserted one by one in order.
-                let seen = pen.counts().filter(|&(token, _)| (token as usize) < r.len());
-                s.overlay.extend(seen.map(|(token, count)| (token, pen.penalised(r[token as usize], count))));
-                s.overlay.sort_unstable_by_key(|e| e.0);
-                debug_assert!(s.overlay.windows(2).all(|w| w[0].0 < w[1].0), "a token counted twice");
-            }
+            Stage::Penalties(pen) if s.overlay.is_empty() => penalties_overlay(pen, r, s),
             Stage::Penalties(pen) => {
                 for (token, count) in pen.counts() {
                     if (token as usize) < r.len() {
@@ -356,7 +357,7 @@ fn prepare_f32(
         }
     }
     if need == Need::Token {
-        if let Some(done) = top_k_dist(stages, first, r, s, c)? {
+        if let Some(done) = top_k_dist(stages, first, r, s, c, None)? {
             return Ok(done);
         }
     }
@@ -405,6 +406,40 @@ fn prepare_f32(
 fn array(r: &[f32], c: &mut Candidates) -> Prepared {
     c.fill_validated(r);
     Prepared::Built { applied: 0 }
+}
+
+/// The first edits of the overlay (empty): `pen`'s, each token once, appended and then sorted
+/// once rather than inserted one by one in order.
+fn penalties_overlay(pen: &Penalties, r: &[f32], s: &mut Scratch) {
+    let seen = pen.counts().filter(|&(token, _)| (token as usize) < r.len());
+    s.overlay.extend(seen.map(|(token, count)| (token, pen.penalised(r[token as usize], count))));
+    s.overlay.sort_unstable_by_key(|e| e.0);
+    debug_assert!(s.overlay.windows(2).all(|w| w[0].0 < w[1].0), "a token counted twice");
+}
+
+/// `(i, first)` when the chain's leading stages (inert ones aside) are a `penalties` at `i`
+/// that lowers every logit it edits ([`Penalties::lowers`]: common's, and any `repeat >= 1`
+/// with no negative frequency or presence penalty), then the `top_k` at `first`. Its edits
+/// are then read off the gathered entries ([`gather_top_lowered`]) instead of an overlay of
+/// the whole window.
+///
+/// PERF: the overlay costs a load, an edit and a merge per token of the window, every step: a
+/// window of the whole context (`last_n = -1` in llama-server, or thousands of tokens) made
+/// that the largest part of the step.
+fn lowering_penalties(stages: &[Stage]) -> Option<(usize, usize)> {
+    let mut live = stages.iter().enumerate().filter(|(_, st)| !st.is_inert());
+    match (live.next(), live.next()) {
+        (Some((i, Stage::Penalties(pen))), Some((first, Stage::TopK(_)))) if pen.lowers() => Some((i, first)),
+        _ => None,
+    }
+}
+
+/// The `penalties` stage at `i` ([`lowering_penalties`]).
+fn penalties_at(stages: &[Stage], i: usize) -> Option<&Penalties> {
+    match stages.get(i) {
+        Some(Stage::Penalties(pen)) => Some(pen),
+        _ => None,
+    }
 }
 
 /// The overlay's logit for `token`, inserted (from the row) if it has none yet.
@@ -611,6 +646,55 @@ pub(crate) fn gather_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<f32> {
     }
 }
 
+/// The entries of row + edits at or above `tau`, in id order, into `s.gathered`, where the
+/// edits only lower entries: `edit(id, z)` is the edited logit (at most `z`) of an edited token
+/// whose row logit is `z`, `None` for an untouched one. None below `tau` rises to it, so the
+/// row's entries are gathered, each edited one lowered, and those an edit takes below `tau`
+/// dropped; returns how many were dropped. One lookup per gathered entry, whatever the
+/// number of edits.
+pub(crate) fn gather_lowered(r: &[f32], tau: f32, s: &mut Scratch, edit: &impl Fn(u32, f32) -> Option<f32>) -> usize {
+    gather_at_least(r, &s.block_max, &[], tau, &mut s.gathered, &mut s.blocks);
+    let before = s.gathered.len();
+    s.gathered.retain_mut(|t| {
+        if let Some(z) = edit(t.id, t.logit) {
+            debug_assert!(z <= t.logit, "an edit raised token {}", t.id);
+            t.logit = z;
+        }
+        t.logit >= tau
+    });
+    before - s.gathered.len()
+}
+
+/// [`gather_top`] for row + edits that only lower entries ([`gather_lowered`]): a superset of
+/// its `k` largest entries, all those at or above the returned `tau`, into `s.gathered`. A
+/// `tau` that `need` entries of the row reach holds at least `need - dropped` of row + edits;
+/// where that is fewer than `k`, the next `need` is `k + dropped`, more than before (the row
+/// had at least `need` entries and kept fewer than `k`), so the search ends (`None` once the
+/// row has fewer than `need` entries).
+pub(crate) fn gather_top_lowered(
+    k: usize,
+    r: &[f32],
+    s: &mut Scratch,
+    edit: impl Fn(u32, f32) -> Option<f32>,
+) -> Option<f32> {
+    let max = s.summary.map_or(f32::NEG_INFINITY, |m| m.max);
+    let (mut need, mut retried) = (k, false);
+    loop {
+        let tau = threshold_for(need, max, None, r, s)?;
+        let dropped = gather_lowered(r, tau, s, &edit);
+        if s.gathered.len() >= k {
+            return Some(tau);
+        }
+        // The second round allows for just the first's drops (a few, usually). Past it, the
+        // edits reach deep (a token sampled over and over and penalised by its count, many
+        // times over): `need` at least doubles, so the rounds, each a gather of about `need`
+        // entries, cost about twice the last. PERF: `k + dropped` at every round took 37 µs a
+        // token at V = 32,000 with the bench's chain and a window of 8,192 sampled tokens.
+        need = if retried { (k + dropped).max(2 * need) } else { k + dropped };
+        retried = true;
+    }
+}
+
 /// A `tau` that at least `need` entries of `r` reach, and usually not many more: from the
 /// block maxima ([`threshold_near`], from the gap `seed` if given) while there are at least
 /// `need` blocks, else counted on the row. `None` when the row has fewer than `need` entries
@@ -629,7 +713,7 @@ pub(crate) fn threshold_for(need: usize, max: f32, seed: Option<f32>, r: &[f32],
 /// distinct values both leave descending order).
 fn top_k(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bool {
     let k = k.min(r.len());
-    match rank_top(k, r, s) {
+    match rank_top(k, r, s, None) {
         None => false,
         Some(true) => {
             fill_ranked(k, r.len(), s, c);
@@ -640,12 +724,16 @@ fn top_k(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bool {
     }
 }
 
-/// Ranks the `k` largest entries of row + overlay into `s.gathered_ranks[..k]` (keys into
-/// `s.gathered`): descending values, equal values by id. `None` when there are too few blocks
+/// Ranks the `k` largest entries of row + overlay (or row + `lowered`'s edits, with no overlay)
+/// into `s.gathered_ranks[..k]` (keys into `s.gathered`): descending values, equal values by
+/// id. `None` when there are too few blocks
 /// to bound them; else whether that is llama.cpp's order, i.e. the kept values are distinct
 /// and the first dropped one lies strictly below the last kept.
-fn rank_top(k: usize, r: &[f32], s: &mut Scratch) -> Option<bool> {
-    gather_top(k, r, s)?;
+fn rank_top(k: usize, r: &[f32], s: &mut Scratch, lowered: Option<&Penalties>) -> Option<bool> {
+    match lowered {
+        Some(pen) => gather_top_lowered(k, r, s, |id, z| pen.count(id).map(|n| pen.penalised(z, n)))?,
+        None => gather_top(k, r, s)?,
+    };
     let g = &s.gathered;
     let keys = &mut s.gathered_ranks;
     rank_keys(g, keys);
@@ -687,6 +775,7 @@ fn top_k_dist(
     r: &[f32],
     s: &mut Scratch,
     c: &mut Candidates,
+    lowered: Option<usize>,
 ) -> Result<Option<Prepared>> {
     let Some(Stage::TopK(t)) = stages.get(first) else { return Ok(None) };
     let k = (t.k() as usize).min(r.len());
@@ -702,7 +791,8 @@ fn top_k_dist(
     if k == 0 || k > 128 || !matches!(stages.get(at), Some(Stage::Dist(_))) {
         return Ok(None);
     }
-    match rank_top(k, r, s) {
+    let pen = lowered.and_then(|i| penalties_at(stages, i));
+    match rank_top(k, r, s, pen) {
         None => return Ok(None),
         Some(true) => {
             // No ties: the ranking is llama.cpp's order, and `top_k` is done.
@@ -726,6 +816,10 @@ fn top_k_dist(
     if value.is_some_and(|v| s.gathered.iter().filter(|t| t.logit == v).count() == 1) {
         s.path = Path::Fast("top-k;dist");
         return Ok(Some(Prepared::Built { applied: at + 1 }));
+    }
+    if let Some(pen) = lowered.and_then(|i| penalties_at(stages, i)) {
+        // The heap select replays row + edits in id order: the overlay after all.
+        penalties_overlay(pen, r, s);
     }
     if !top_k_by_heap(k, r, s, c) {
         s.path = Path::Fallback("top-k");
