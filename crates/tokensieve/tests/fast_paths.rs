@@ -832,6 +832,133 @@ fn llama_cpp_penalties_over_long_windows() {
     assert!(fast * 10 >= steps * 9, "the fast path ran in only {fast} of {steps} steps");
 }
 
+/// Leading `penalties` and `logit_bias` before a stage whose fast path reads the row without
+/// an overlay (`top_p`, `temperature`, `dist`): the edits are written into a copy of the row,
+/// and the fast path runs on it, its fallbacks running only the stages after the edits. Each
+/// chain against the array path over 40 steps (each sampled token accepted), and the fast
+/// path counted. A bias that overflows a logit to `+inf`, and a NaN in the row, take the array
+/// path and the row's error as before.
+#[test]
+fn edits_before_top_p_and_dist_read_a_patched_row() {
+    let mut fast = 0;
+    let mut steps = 0;
+    for (case, &(kind, v)) in
+        [(RowKind::Peaked, 32_000), (RowKind::Gaussian, 5_000), (RowKind::Peaked, 129_000), (RowKind::ShiftedUp, 9_000)]
+            .iter()
+            .enumerate()
+    {
+        let row = generate::row(kind, v, 21 + case as u64);
+        let mut order: Vec<u32> = (0..v as u32).collect();
+        order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
+        let (a, b, c) = (order[0], order[1], order[7]);
+        for (j, spec) in [
+            "penalties(64,1.1,0.1,0.1);top_p(0.95,1);dist".to_string(),
+            "penalties(64,1.1,0.1,0.1);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist".to_string(),
+            "penalties(256,1.3,0.5,0.5);temperature(0.8);dist".to_string(),
+            format!("logit_bias({a}:-inf {b}:-2.5 {c}:3 40:-1);top_p(0.9,1);dist"),
+            format!("logit_bias({a}:-inf);penalties(64,0.8,0,0);temperature(1.2);dist"),
+            "penalties(64,1.1,0,0);dist".to_string(),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let ctx = BuildContext::new(v, RngConfig::philox(j as u64));
+            let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+            let mut stages = chain.stages().to_vec();
+            for &t in order.iter().take(30).step_by(3) {
+                chain.accept(t);
+                stages.iter_mut().for_each(|s| s.accept(t));
+            }
+            for step in 0..40 {
+                let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
+                let got = chain.sample(&row).unwrap();
+                assert_eq!(got, want, "{spec} on {kind:?} {v}, step {step}");
+                fast += usize::from(matches!(chain.last_path(), Path::Fast(_)));
+                steps += 1;
+                stages.iter_mut().for_each(|s| s.accept(got));
+            }
+        }
+    }
+    assert!(fast * 10 >= steps * 9, "the fast path ran in only {fast} of {steps} steps");
+
+    // A bias that takes a logit near `f32::MAX` to `+inf`: the array path, as before.
+    let mut row = generate::row(RowKind::Peaked, 5_000, 3);
+    row[9] = 3e38;
+    for spec in ["logit_bias(9:3e38);top_p(0.9,1);dist", "logit_bias(9:3e38);temperature(0.7);dist"] {
+        let ctx = BuildContext::new(row.len(), RngConfig::philox(1));
+        let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+        let mut stages = chain.stages().to_vec();
+        let want = array_path(&mut stages, &row).map(|c| c.selected_token());
+        let got = chain.sample(&row);
+        assert_eq!(got.as_ref().ok().copied(), want.as_ref().ok().copied().flatten(), "{spec}");
+        assert_eq!(got.is_err(), want.is_err(), "{spec}");
+        assert_eq!(chain.last_path(), Path::Array, "{spec}");
+    }
+    // A NaN in the row: the row's error, and the chain keeps its state.
+    row[4_000] = f32::NAN;
+    let ctx = BuildContext::new(row.len(), RngConfig::philox(1));
+    let mut chain = Chain::from_spec("penalties(64,1.1,0.1,0.1);top_p(0.9,1);dist", &ctx).unwrap();
+    assert!(chain.sample(&row).is_err());
+    row[4_000] = 0.0;
+    assert!(chain.sample(&row).is_ok());
+}
+
+/// transformers' `repetition_penalty` before the temperature of `top_p` or `dist`: the penalty is
+/// written into a copy of the row, and the fast path runs on it. Rows on a coarse grid (ties
+/// everywhere) send some draws to the fallbacks, which must run only the stages after the
+/// penalty. Each chain against the array path over 40 steps.
+#[test]
+fn transformers_penalty_before_top_p_and_dist_reads_a_patched_row() {
+    let (mut fast, mut fell_back, mut steps) = (0, 0, 0);
+    for (case, &(kind, v, grid)) in [
+        (RowKind::Peaked, 32_000, 0.0f32),
+        (RowKind::Gaussian, 5_000, 0.5),
+        (RowKind::Peaked, 129_000, 0.0),
+        (RowKind::Peaked, 9_000, 0.25),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut row = generate::row(kind, v, 31 + case as u64);
+        if grid > 0.0 {
+            row.iter_mut().for_each(|x| *x = (*x / grid).round() * grid);
+        }
+        let mut order: Vec<u32> = (0..v as u32).collect();
+        order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
+        for (j, spec) in [
+            "repetition_penalty(1.1);temperature(0.8);top_p(0.9);dist",
+            "repetition_penalty(1.3);top_p(0.95);dist",
+            "repetition_penalty(1.5);temperature(0.7);dist",
+            "repetition_penalty(0.8);temperature(1.2);top_p(0.5);dist",
+            "repetition_penalty(1.2);top_p(0.9);min_p(0.05);dist",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let ctx =
+                BuildContext::new(v, RngConfig::philox(j as u64)).with_convention(tokensieve::Convention::Transformers);
+            let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+            let mut stages = chain.stages().to_vec();
+            let prompt = order.iter().take(40).step_by(2).copied().chain((0..300).map(|i| (i * 7919 % v) as u32));
+            for t in prompt {
+                chain.accept(t);
+                stages.iter_mut().for_each(|s| s.accept(t));
+            }
+            for step in 0..40 {
+                let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
+                let got = chain.sample(&row).unwrap();
+                assert_eq!(got, want, "{spec} on {kind:?} {v} (grid {grid}), step {step}");
+                fast += usize::from(matches!(chain.last_path(), Path::Fast(_)));
+                fell_back += usize::from(matches!(chain.last_path(), Path::Fallback(_)));
+                steps += 1;
+                stages.iter_mut().for_each(|s| s.accept(got));
+            }
+        }
+    }
+    assert!(fast * 10 >= steps * 7, "the fast path ran in only {fast} of {steps} steps");
+    assert!(fell_back > 0, "no draw reached a fallback");
+}
+
 /// A `repetition_penalty` after a temperature rounds in that order: here the penalised token
 /// (`fl32(fl32(b / 0.8) * 1.4)`) ties an untouched one exactly at `top_k(1)`, so both survive
 /// and `dist` picks either, where the penalty taken first (`fl32(fl32(b * 1.4) / 0.8)`, one ulp
@@ -870,6 +997,8 @@ fn raw_logprobs_match_the_scanning_implementation() {
         Just(("greedy", Convention::LlamaCpp)),
         Just(("top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist", Convention::LlamaCpp)),
         Just(("temperature(0.8);dist", Convention::LlamaCpp)),
+        // The row is patched with the penalties' edits; raw logprobs read the input row.
+        Just(("penalties(64,1.1,0.1,0.1);top_p(0.95,1);dist", Convention::LlamaCpp)),
         Just(("greedy", Convention::Transformers)),
         Just(("temperature(0.8);top_k(40);top_p(0.95);dist", Convention::Transformers)),
     ];

@@ -269,6 +269,73 @@ pub(super) unsafe fn widen_summarize_with<W: NanWatch, T>(
     )
 }
 
+/// See [`super::patch_summarize`] (the AVX2 NaN watch).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `out` must hold `src.len()` entries, and `edits` be
+/// sorted by id, each id below `src.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn patch_summarize(
+    src: &[f32],
+    edits: &[(u32, f32)],
+    out: &mut [f32],
+    block_max: &mut Vec<f32>,
+) -> Summary {
+    patch_summarize_with::<FirstOperands>(src, edits, out, block_max)
+}
+
+/// [`patch_summarize`] with the NaN watch `W`: each group of blocks copied into `out`, its
+/// edits written over it, and the group summarized while it is in L1.
+#[inline(always)]
+pub(super) unsafe fn patch_summarize_with<W: NanWatch>(
+    src: &[f32],
+    edits: &[(u32, f32)],
+    out: &mut [f32],
+    block_max: &mut Vec<f32>,
+) -> Summary {
+    assert_eq!(out.len(), src.len(), "patch_summarize: wrong output length");
+    let o = out.as_mut_ptr();
+    let mut next = 0;
+    summarize_from::<W>(
+        src.len(),
+        |start, n| {
+            // SAFETY: `start + n <= src.len() == out.len()` (`summarize_from` asks for the
+            // parts of a row of `src.len()` entries); the edits' ids are below it.
+            copy_part(src.as_ptr().add(start), o.add(start), n);
+            while let Some(&(id, logit)) = edits.get(next).filter(|e| (e.0 as usize) < start + n) {
+                *o.add(id as usize) = logit;
+                next += 1;
+            }
+            o.add(start)
+        },
+        block_max,
+    )
+}
+
+/// Copies `n` floats from `from` to `to` by vector moves.
+///
+/// PERF: the plain loop (or `copy_nonoverlapping`) becomes a `memcpy` call per part of
+/// [`patch_summarize_with`], which cost about as much as the rest of the pass; the empty `asm`
+/// keeps the moves from being recognised as one.
+///
+/// # Safety
+/// The CPU must support AVX2; `from` and `to` must hold `n` floats each and not overlap.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn copy_part(from: *const f32, to: *mut f32, n: usize) {
+    let whole = n / 8 * 8;
+    let mut i = 0;
+    while i < whole {
+        let x = _mm256_loadu_ps(from.add(i));
+        std::arch::asm!("/* {0} */", in(ymm_reg) x, options(nomem, nostack, preserves_flags));
+        _mm256_storeu_ps(to.add(i), x);
+        i += 8;
+    }
+    for j in whole..n {
+        *to.add(j) = *from.add(j);
+    }
+}
+
 /// [`super::widen_bf16`] on 8 values per step: a bf16 is the top half of an f32.
 ///
 /// # Safety

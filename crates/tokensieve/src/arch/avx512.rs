@@ -67,6 +67,22 @@ pub unsafe fn widen_summarize_bf16(src: &[half::bf16], out: Option<&mut [f32]>, 
     avx2::widen_summarize_with::<OrderedMasks, _>(src, out, block_max, |s, o| unsafe { avx2::widen_bf16(s, o) })
 }
 
+/// See [`super::patch_summarize`]: [`super::avx2`]'s kernel, with the NaN watch of
+/// `OrderedMasks`.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX-512VL, AVX2 and FMA; as [`super::avx2::patch_summarize`]
+/// for the arguments.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+pub(crate) unsafe fn patch_summarize(
+    src: &[f32],
+    edits: &[(u32, f32)],
+    out: &mut [f32],
+    block_max: &mut Vec<f32>,
+) -> Summary {
+    avx2::patch_summarize_with::<OrderedMasks>(src, edits, out, block_max)
+}
+
 /// See [`super::locate_max`]: [`super::avx2`]'s kernel, with the NaN watch of `OrderedMasks`.
 ///
 /// # Safety

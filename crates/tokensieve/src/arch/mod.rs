@@ -146,9 +146,9 @@ fn caps() -> Caps {
         if wanted.as_ref().is_some_and(|v| v == "portable") {
             return portable;
         }
-        let no_avx512 = wanted.is_some_and(|v| v == "avx2");
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            let no_avx512 = wanted.is_some_and(|v| v == "avx2");
             // SAFETY: AVX2 and FMA were detected just above.
             let exact_exp = unsafe { avx2::exp_replica_agrees() };
             let avx512 =
@@ -385,6 +385,44 @@ pub fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
         _ => {
             block_max.clear();
             portable::summarize(row, block_max)
+        }
+    }
+}
+
+/// `src` copied into `out` (resized to fit) with `edits` (`(id, value)`, sorted by id, each id
+/// below `src.len()`) written over it, then [`summarize`] of `out` into `block_max`: the same
+/// results, in one pass on x86 (each group of blocks is copied, edited and summarized while it
+/// is in L1). For a row with a few edits that a kernel reading the row in place needs applied.
+///
+/// PERF: a copy of the whole row (`memcpy`) took 2.2 µs at V = 32,000 (2.6 times the floor)
+/// and 9.8 µs at 128,256, and the summary of the copy after it 1.4 and 5.1 µs (Intel Xeon).
+pub(crate) fn patch_summarize(
+    src: &[f32],
+    edits: &[(u32, f32)],
+    out: &mut Vec<f32>,
+    block_max: &mut Vec<f32>,
+) -> Summary {
+    assert!(
+        edits.windows(2).all(|w| w[0].0 < w[1].0) && edits.last().is_none_or(|e| (e.0 as usize) < src.len()),
+        "patch_summarize: edits out of order or out of range"
+    );
+    out.resize(src.len(), 0.0);
+    let c = caps();
+    match c.isa {
+        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime,
+        // `avx512vl` only beside them when AVX-512F and AVX-512VL were too; `out` holds
+        // `src.len()` entries and the edits were checked above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if c.avx512vl => unsafe { avx512::patch_summarize(src, edits, out, block_max) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::patch_summarize(src, edits, out, block_max) },
+        _ => {
+            out.copy_from_slice(src);
+            for &(id, value) in edits {
+                out[id as usize] = value;
+            }
+            summarize(out, block_max)
         }
     }
 }

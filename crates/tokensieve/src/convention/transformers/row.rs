@@ -194,6 +194,65 @@ fn lowering_penalty(prefix: &[Stage]) -> Option<&RepetitionPenalty> {
     found
 }
 
+/// `Some(after)` when the stages from `first` to `end` (the reducing stage, `end` excluded)
+/// hold one live `repetition_penalty` (at `after - 1`), before every temperature, and the
+/// stage at `end` reads the row through one temperature only (`dist`, `top_p`): the penalty
+/// is then written into a copy of the row ([`prepare_patched`]). `top_k`, `min_p` and
+/// `greedy` read the penalty's edits off the gathered tokens instead.
+fn penalty_to_write(stages: &[Stage], first: usize, end: usize) -> Option<usize> {
+    if !matches!(stages.get(end), Some(Stage::HfDist(_) | Stage::HfTopP(_))) {
+        return None;
+    }
+    let mut found = None;
+    for (i, stage) in stages[first..end].iter().enumerate().filter(|(_, st)| !st.is_inert()) {
+        match stage {
+            Stage::HfRepetitionPenalty(_) if found.is_none() => found = Some(first + i + 1),
+            Stage::HfTemperature(_) if found.is_some() => {}
+            _ => return None,
+        }
+    }
+    found
+}
+
+/// [`prepare`] from `after` on a copy of the row with the `repetition_penalty` at `after - 1`
+/// written into it (each token it has seen, penalised as its `apply` does): the row the stages
+/// after it see. The fallbacks fill the candidates from the copy and run the stages from
+/// `after` ([`Scratch::row_applied`]). `None` (the candidates untouched, the summary of `r`
+/// dropped) where the copy holds `+inf` (a penalty below 1 can overflow a logit).
+///
+/// PERF: `repetition_penalty(1.1);temperature(0.8);top_p(0.9);dist` took the candidate array
+/// (492 µs a token at V = 32,000, 2.1 ms at 128,256): `top_p` and `dist` read the row through
+/// one temperature, and the penalty is not one.
+fn prepare_patched(
+    stages: &mut [Stage],
+    after: usize,
+    r: &[f32],
+    s: &mut Scratch,
+    c: &mut Candidates,
+) -> Result<Option<Prepared>> {
+    let Some(Stage::HfRepetitionPenalty(p)) = stages.get(after - 1) else { return Ok(None) };
+    s.overlay.clear();
+    let seen = p.seen().iter().filter(|&&id| (id as usize) < r.len());
+    s.overlay.extend(seen.map(|&id| (id, p.penalise(r[id as usize]))));
+    let mut patched = std::mem::take(&mut s.patched);
+    let summary = arch::patch_summarize(r, &s.overlay, &mut patched, &mut s.block_max);
+    s.overlay.clear();
+    let out = if summary.suspect || summary.max == f32::NEG_INFINITY {
+        Ok(None)
+    } else {
+        let applied = s.row_applied;
+        s.summary = Some(summary);
+        s.row_applied = after;
+        let out = prepare(stages, after, &patched, s, c);
+        s.row_applied = applied;
+        out
+    };
+    // Raw logprobs read the input row, not this summary of the patched one.
+    s.summary = None;
+    s.patched = patched;
+    out
+}
+
 /// `p`'s edit of the gathered entry `id` of logit `z` (for [`gather_top_lowered`]), `None` for
 /// an unseen token.
 ///
@@ -252,6 +311,9 @@ pub(crate) fn prepare(
         .is_some_and(|st| st.is_inert() || matches!(st, Stage::HfTemperature(_) | Stage::HfRepetitionPenalty(_)))
     {
         end += 1;
+    }
+    if let Some(after) = penalty_to_write(stages, first, end) {
+        return prepare_patched(stages, after, r, s, c);
     }
     // A chain with a stage this path knows at `end` that still ends up on the array path
     // fell back (labelled here, overwritten on success).
@@ -476,7 +538,8 @@ fn dist(
         return Ok(Some(Prepared::Selected(id)));
     }
     c.fill_validated(r);
-    for stage in &mut stages[..at] {
+    // `r` reflects the stages before `s.row_applied` (a patched row, see `dense`).
+    for stage in &mut stages[s.row_applied..at] {
         stage.apply(c)?;
     }
     Dist::select(c, u);
@@ -779,7 +842,7 @@ fn top_p_dist(
         s.path = Path::Fast("top_p");
     } else {
         c.fill_validated(r);
-        for stage in &mut stages[..at] {
+        for stage in &mut stages[s.row_applied..at] {
             stage.apply(c)?;
         }
     }
