@@ -301,7 +301,10 @@ pub(super) unsafe fn patch_summarize_with<W: NanWatch>(
         |start, n| {
             // SAFETY: `start + n <= src.len() == out.len()` (`summarize_from` asks for the
             // parts of a row of `src.len()` entries); the edits' ids are below it.
-            copy_part(src.as_ptr().add(start), o.add(start), n);
+            // PERF: the pass costs about the copy's writes (2.9 µs at V = 32,000 against a
+            // floor of 0.8 on an Intel Xeon); explicit vector moves instead of the `memcpy`
+            // call per part measured the same.
+            std::ptr::copy_nonoverlapping(src.as_ptr().add(start), o.add(start), n);
             while let Some(&(id, logit)) = edits.get(next).filter(|e| (e.0 as usize) < start + n) {
                 *o.add(id as usize) = logit;
                 next += 1;
@@ -310,30 +313,6 @@ pub(super) unsafe fn patch_summarize_with<W: NanWatch>(
         },
         block_max,
     )
-}
-
-/// Copies `n` floats from `from` to `to` by vector moves.
-///
-/// PERF: the plain loop (or `copy_nonoverlapping`) becomes a `memcpy` call per part of
-/// [`patch_summarize_with`], which cost about as much as the rest of the pass; the empty `asm`
-/// keeps the moves from being recognised as one.
-///
-/// # Safety
-/// The CPU must support AVX2; `from` and `to` must hold `n` floats each and not overlap.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn copy_part(from: *const f32, to: *mut f32, n: usize) {
-    let whole = n / 8 * 8;
-    let mut i = 0;
-    while i < whole {
-        let x = _mm256_loadu_ps(from.add(i));
-        std::arch::asm!("/* {0} */", in(ymm_reg) x, options(nomem, nostack, preserves_flags));
-        _mm256_storeu_ps(to.add(i), x);
-        i += 8;
-    }
-    for j in whole..n {
-        *to.add(j) = *from.add(j);
-    }
 }
 
 /// [`super::widen_bf16`] on 8 values per step: a bf16 is the top half of an f32.
