@@ -395,7 +395,8 @@ pub fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
 /// is in L1). For a row with a few edits that a kernel reading the row in place needs applied.
 ///
 /// PERF: a copy of the whole row (`memcpy`) took 2.2 µs at V = 32,000 (2.6 times the floor)
-/// and 9.8 µs at 128,256, and the summary of the copy after it 1.4 and 5.1 µs (Intel Xeon).
+/// and 9.8 µs at 128,256, and the summary of the copy after it 1.4 and 5.1 µs; this pass 2.9
+/// and 12.5 µs (Intel Xeon). Writing the row is most of it.
 pub(crate) fn patch_summarize(
     src: &[f32],
     edits: &[(u32, f32)],
