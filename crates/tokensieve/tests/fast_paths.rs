@@ -833,15 +833,15 @@ fn llama_cpp_penalties_over_long_windows() {
 }
 
 /// Leading `penalties` and `logit_bias` before a stage whose fast path reads the row without
-/// an overlay (`top_p`, `temperature`, `dist`): the edits are written into a copy of the row,
-/// and the fast path runs on it, its fallbacks running only the stages after the edits. Each
+/// an overlay (`top_p`, `temperature`, `dist`), or a temperature before `top_p`: the edits
+/// (and the temperature) are written into a copy of the row, and the fast path runs on it, its
+/// fallbacks running only the stages after them. Each
 /// chain against the array path over 40 steps (each sampled token accepted), and the fast
 /// path counted. A bias that overflows a logit to `+inf`, and a NaN in the row, take the array
 /// path and the row's error as before.
 #[test]
 fn edits_before_top_p_and_dist_read_a_patched_row() {
-    let mut fast = 0;
-    let mut steps = 0;
+    let (mut fast, mut array, mut steps) = (0, 0, 0);
     for (case, &(kind, v)) in
         [(RowKind::Peaked, 32_000), (RowKind::Gaussian, 5_000), (RowKind::Peaked, 129_000), (RowKind::ShiftedUp, 9_000)]
             .iter()
@@ -858,6 +858,11 @@ fn edits_before_top_p_and_dist_read_a_patched_row() {
             format!("logit_bias({a}:-inf {b}:-2.5 {c}:3 40:-1);top_p(0.9,1);dist"),
             format!("logit_bias({a}:-inf);penalties(64,0.8,0,0);temperature(1.2);dist"),
             "penalties(64,1.1,0,0);dist".to_string(),
+            // A leading temperature before `top_p` is written into the copy too.
+            "temperature(0.8);top_p(0.95,1);dist".to_string(),
+            "penalties(64,1.1,0.1,0.1);temperature(1.3);top_p(0.9,1);min_p(0.05,1);dist".to_string(),
+            format!("logit_bias({b}:-inf);temperature(0.45);top_p(0.8,1);temperature(1.2);dist"),
+            "penalties(64,1.1,0.1,0.1);temperature(0.7);top_k(40);dist".to_string(),
         ]
         .iter()
         .enumerate()
@@ -874,12 +879,16 @@ fn edits_before_top_p_and_dist_read_a_patched_row() {
                 let got = chain.sample(&row).unwrap();
                 assert_eq!(got, want, "{spec} on {kind:?} {v}, step {step}");
                 fast += usize::from(matches!(chain.last_path(), Path::Fast(_)));
+                array += usize::from(chain.last_path() == Path::Array);
                 steps += 1;
                 stages.iter_mut().for_each(|s| s.accept(got));
             }
         }
     }
-    assert!(fast * 10 >= steps * 9, "the fast path ran in only {fast} of {steps} steps");
+    // `top_p` not followed by `dist` falls back on some flat rows; no step builds the array
+    // from the input row.
+    assert!(fast * 10 >= steps * 8, "the fast path ran in only {fast} of {steps} steps");
+    assert_eq!(array, 0, "{array} of {steps} steps took the array path");
 
     // A bias that takes a logit near `f32::MAX` to `+inf`: the array path, as before.
     let mut row = generate::row(RowKind::Peaked, 5_000, 3);

@@ -278,10 +278,11 @@ pub(super) unsafe fn widen_summarize_with<W: NanWatch, T>(
 pub(crate) unsafe fn patch_summarize(
     src: &[f32],
     edits: &[(u32, f32)],
+    div: f32,
     out: &mut [f32],
     block_max: &mut Vec<f32>,
 ) -> Summary {
-    patch_summarize_with::<FirstOperands>(src, edits, out, block_max)
+    patch_summarize_with::<FirstOperands>(src, edits, div, out, block_max)
 }
 
 /// [`patch_summarize`] with the NaN watch `W`: each group of blocks copied into `out`, its
@@ -290,6 +291,7 @@ pub(crate) unsafe fn patch_summarize(
 pub(super) unsafe fn patch_summarize_with<W: NanWatch>(
     src: &[f32],
     edits: &[(u32, f32)],
+    div: f32,
     out: &mut [f32],
     block_max: &mut Vec<f32>,
 ) -> Summary {
@@ -309,10 +311,22 @@ pub(super) unsafe fn patch_summarize_with<W: NanWatch>(
                 *o.add(id as usize) = logit;
                 next += 1;
             }
+            if div != 1.0 {
+                divide(std::slice::from_raw_parts_mut(o.add(start), n), div);
+            }
             o.add(start)
         },
         block_max,
     )
+}
+
+/// `x / div` for every `x` of `xs`, each rounded to f32 (8 divisions per instruction).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn divide(xs: &mut [f32], div: f32) {
+    for x in xs {
+        *x /= div;
+    }
 }
 
 /// [`super::widen_bf16`] on 8 values per step: a bf16 is the top half of an f32.

@@ -77,10 +77,11 @@ pub unsafe fn widen_summarize_bf16(src: &[half::bf16], out: Option<&mut [f32]>, 
 pub(crate) unsafe fn patch_summarize(
     src: &[f32],
     edits: &[(u32, f32)],
+    div: f32,
     out: &mut [f32],
     block_max: &mut Vec<f32>,
 ) -> Summary {
-    avx2::patch_summarize_with::<OrderedMasks>(src, edits, out, block_max)
+    avx2::patch_summarize_with::<OrderedMasks>(src, edits, div, out, block_max)
 }
 
 /// See [`super::locate_max`]: [`super::avx2`]'s kernel, with the NaN watch of `OrderedMasks`.

@@ -390,9 +390,11 @@ pub fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
 }
 
 /// `src` copied into `out` (resized to fit) with `edits` (`(id, value)`, sorted by id, each id
-/// below `src.len()`) written over it, then [`summarize`] of `out` into `block_max`: the same
-/// results, in one pass on x86 (each group of blocks is copied, edited and summarized while it
-/// is in L1). For a row with a few edits that a kernel reading the row in place needs applied.
+/// below `src.len()`) written over it, every entry then divided by `div` in f32 (`1` divides
+/// nothing), then [`summarize`] of `out` into `block_max`: the same results, in one pass on
+/// x86 (each group of blocks is copied, edited, divided and summarized while it is in L1).
+/// For a row with a few edits (and a temperature) that a kernel reading the row in place
+/// needs applied.
 ///
 /// PERF: a copy of the whole row (`memcpy`) took 2.2 µs at V = 32,000 (2.6 times the floor)
 /// and 9.8 µs at 128,256, and the summary of the copy after it 1.4 and 5.1 µs; this pass 2.9
@@ -400,6 +402,7 @@ pub fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
 pub(crate) fn patch_summarize(
     src: &[f32],
     edits: &[(u32, f32)],
+    div: f32,
     out: &mut Vec<f32>,
     block_max: &mut Vec<f32>,
 ) -> Summary {
@@ -414,14 +417,17 @@ pub(crate) fn patch_summarize(
         // `avx512vl` only beside them when AVX-512F and AVX-512VL were too; `out` holds
         // `src.len()` entries and the edits were checked above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 if c.avx512vl => unsafe { avx512::patch_summarize(src, edits, out, block_max) },
+        Isa::Avx2 if c.avx512vl => unsafe { avx512::patch_summarize(src, edits, div, out, block_max) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { avx2::patch_summarize(src, edits, out, block_max) },
+        Isa::Avx2 => unsafe { avx2::patch_summarize(src, edits, div, out, block_max) },
         _ => {
             out.copy_from_slice(src);
             for &(id, value) in edits {
                 out[id as usize] = value;
+            }
+            if div != 1.0 {
+                out.iter_mut().for_each(|x| *x /= div);
             }
             summarize(out, block_max)
         }

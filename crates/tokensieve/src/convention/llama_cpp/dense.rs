@@ -293,8 +293,10 @@ fn prepare_f32(
         start_greedy(row, summary, s, c)?;
         return greedy(r, summary, s, c).map(Prepared::Selected);
     }
-    if need == Need::Token && edits_before_plain_row(stages) {
-        return prepare_patched(stages, row, r, c, s, need);
+    if need == Need::Token {
+        if let Some(plan) = patch_plan(stages) {
+            return prepare_patched(stages, plan, row, r, c, s, need);
+        }
     }
     let summary = match known {
         Some(summary) => summary,
@@ -356,26 +358,47 @@ fn build_overlay(stages: &[Stage], r: &[f32], s: &mut Scratch) -> usize {
     first
 }
 
-/// Whether the chain starts with edits (`penalties`, `logit_bias`; inert ones aside) whose
-/// next stage has a fast path that reads the row without an overlay (`top_p`, and the `dist`
-/// paths with what may come before them); those of `top_k`, `min_p` and `greedy` read row +
-/// overlay.
-fn edits_before_plain_row(stages: &[Stage]) -> bool {
-    let mut edits = false;
-    for stage in stages.iter().filter(|st| !st.is_inert()) {
-        match stage {
-            Stage::Penalties(_) | Stage::LogitBias(_) => edits = true,
-            Stage::TopK(_) | Stage::MinP(_) | Stage::Greedy(_) => return false,
-            _ => return edits,
-        }
-    }
-    false
+/// What [`prepare_patched`] writes into its copy of the row: the leading edits' overlay, then
+/// a division by `div` (a temperature; 1 for none), for the stages from `first` on.
+#[derive(Clone, Copy, Debug)]
+struct PatchPlan {
+    first: usize,
+    div: f32,
 }
 
-/// [`dispatch`] on a copy of the row with the overlay's edits written into it, for the paths
-/// that read the row without one, where the chain's leading edits (`penalties`, `logit_bias`
-/// before `top_p`, `temperature` or `dist`) would otherwise send it to the candidate array.
-/// The copy, with the edited values the array path computes, is the row those paths see;
+/// The chain's leading edits (`penalties`, `logit_bias`) and temperature (`t > 0`), inert
+/// stages aside, when a fast path needs them written into the row: edits followed by a stage
+/// whose fast path reads the row without an overlay (`top_p`, and the `dist` paths with what
+/// may come before them; those of `top_k`, `min_p` and `greedy` read row + overlay), or a
+/// temperature (after any edits) followed by `top_p`, `top_k` or `min_p`, whose fast paths
+/// read the row with no temperature before them (`dist`'s reads it with one). `None`
+/// otherwise.
+fn patch_plan(stages: &[Stage]) -> Option<PatchPlan> {
+    // `temperature`: where the leading temperature is, and its divisor.
+    let (mut edits, mut temperature) = (false, None);
+    for (i, stage) in stages.iter().enumerate().filter(|(_, st)| !st.is_inert()) {
+        match (stage, temperature) {
+            (Stage::Penalties(_) | Stage::LogitBias(_), None) => edits = true,
+            (Stage::Temperature(t), None) if t.t() > 0.0 => temperature = Some((i, t.t())),
+            (Stage::TopP(_) | Stage::TopK(_) | Stage::MinP(_), Some((_, div))) => {
+                return Some(PatchPlan { first: i, div })
+            }
+            (Stage::TopK(_) | Stage::MinP(_) | Stage::Greedy(_), None) => return None,
+            (_, None) if edits => return Some(PatchPlan { first: i, div: 1.0 }),
+            // The temperature stays a stage (`dist` reads the row through it).
+            (_, Some((at, _))) if edits => return Some(PatchPlan { first: at, div: 1.0 }),
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// [`dispatch`] on a copy of the row with the overlay's edits written into it (and divided by
+/// a leading temperature: [`patch_plan`]), for the paths that read the row without them, where
+/// the chain's leading edits (`penalties`, `logit_bias` before `top_p`, `temperature` or
+/// `dist`), or a temperature before `top_p`, `top_k` or `min_p`, would otherwise send it to
+/// the candidate array.
+/// The copy, with the values the array path computes, is the row those paths see;
 /// their fallbacks fill the candidates from it and run the stages after the edits
 /// ([`Scratch::row_applied`]). The summary of the copy is dropped afterwards: raw logprobs
 /// read the input row.
@@ -385,6 +408,7 @@ fn edits_before_plain_row(stages: &[Stage]) -> bool {
 /// `top_p(0.95);min_p(0.05);temperature(0.8);dist`, about 250 and 110 times the floor).
 fn prepare_patched(
     stages: &mut [Stage],
+    PatchPlan { first, div }: PatchPlan,
     row: Logits<'_>,
     r: &[f32],
     c: &mut Candidates,
@@ -392,14 +416,14 @@ fn prepare_patched(
     need: Need,
 ) -> Result<Prepared> {
     s.overlay.clear();
-    let first = build_overlay(stages, r, s);
+    build_overlay(stages, r, s);
     let mut patched = std::mem::take(&mut s.patched);
     // The overlay's edits are taken from the row's values: a NaN there is the row's, or an
     // edit's that the array path would meet too (the row is validated below either way).
     let summary = if s.overlay.iter().any(|e| e.1.is_nan()) {
         None
     } else {
-        Some(arch::patch_summarize(r, &s.overlay, &mut patched, &mut s.block_max))
+        Some(arch::patch_summarize(r, &s.overlay, div, &mut patched, &mut s.block_max))
     };
     s.overlay.clear();
     let out = match summary {

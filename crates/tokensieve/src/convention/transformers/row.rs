@@ -235,7 +235,7 @@ fn prepare_patched(
     let seen = p.seen().iter().filter(|&&id| (id as usize) < r.len());
     s.overlay.extend(seen.map(|&id| (id, p.penalise(r[id as usize]))));
     let mut patched = std::mem::take(&mut s.patched);
-    let summary = arch::patch_summarize(r, &s.overlay, &mut patched, &mut s.block_max);
+    let summary = arch::patch_summarize(r, &s.overlay, 1.0, &mut patched, &mut s.block_max);
     s.overlay.clear();
     let out = if summary.suspect || summary.max == f32::NEG_INFINITY {
         Ok(None)
