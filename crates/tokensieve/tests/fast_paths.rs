@@ -912,8 +912,9 @@ fn edits_before_top_p_and_dist_read_a_patched_row() {
     assert!(chain.sample(&row).is_ok());
 }
 
-/// transformers' `repetition_penalty` before the temperature of `top_p` or `dist`: the penalty is
-/// written into a copy of the row, and the fast path runs on it. Rows on a coarse grid (ties
+/// transformers' `repetition_penalty` before the temperature of `top_p` or `dist`, and the masking
+/// processors (`no_repeat_ngram`, `suppress_tokens`, `min_length`, ...) before anything: their
+/// edits are written into a copy of the row, and the fast path runs on it. Rows on a coarse grid (ties
 /// everywhere) send some draws to the fallbacks, which must run only the stages after the
 /// penalty. Each chain against the array path over 40 steps.
 #[test]
@@ -940,6 +941,11 @@ fn transformers_penalty_before_top_p_and_dist_reads_a_patched_row() {
             "repetition_penalty(1.5);temperature(0.7);dist",
             "repetition_penalty(0.8);temperature(1.2);top_p(0.5);dist",
             "repetition_penalty(1.2);top_p(0.9);min_p(0.05);dist",
+            // Masks (by state alone), before and beside the penalty.
+            "no_repeat_ngram(2);temperature(0.7);top_k(50);top_p(0.9);dist",
+            "suppress_tokens(1 2 3 99999999);repetition_penalty(1.2);temperature(0.7);top_p(0.9);dist",
+            "min_new_tokens(20,eos=7 8);begin_suppress_tokens(0 5);no_repeat_ngram(3);temperature(0.9);dist",
+            "min_length(400,eos=9);repetition_penalty(1.1);top_k(40);dist",
         ]
         .iter()
         .enumerate()
@@ -948,7 +954,10 @@ fn transformers_penalty_before_top_p_and_dist_reads_a_patched_row() {
                 BuildContext::new(v, RngConfig::philox(j as u64)).with_convention(tokensieve::Convention::Transformers);
             let mut chain = Chain::from_spec(spec, &ctx).unwrap();
             let mut stages = chain.stages().to_vec();
+            // Some masked ids are in the history too (penalised and masked).
+            let masked = [1, 2, 9, 7];
             let prompt = order.iter().take(40).step_by(2).copied().chain((0..300).map(|i| (i * 7919 % v) as u32));
+            let prompt = prompt.chain(masked);
             for t in prompt {
                 chain.accept(t);
                 stages.iter_mut().for_each(|s| s.accept(t));

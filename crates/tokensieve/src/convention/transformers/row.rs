@@ -194,46 +194,104 @@ fn lowering_penalty(prefix: &[Stage]) -> Option<&RepetitionPenalty> {
     found
 }
 
-/// `Some(after)` when the stages from `first` to `end` (the reducing stage, `end` excluded)
-/// hold one live `repetition_penalty` (at `after - 1`), before every temperature, and the
-/// stage at `end` reads the row through one temperature only (`dist`, `top_p`): the penalty
-/// is then written into a copy of the row ([`prepare_patched`]). `top_k`, `min_p` and
-/// `greedy` read the penalty's edits off the gathered tokens instead.
-fn penalty_to_write(stages: &[Stage], first: usize, end: usize) -> Option<usize> {
-    if !matches!(stages.get(end), Some(Stage::HfDist(_) | Stage::HfTopP(_))) {
-        return None;
-    }
-    let mut found = None;
-    for (i, stage) in stages[first..end].iter().enumerate().filter(|(_, st)| !st.is_inert()) {
-        match stage {
-            Stage::HfRepetitionPenalty(_) if found.is_none() => found = Some(first + i + 1),
-            Stage::HfTemperature(_) if found.is_some() => {}
-            _ => return None,
-        }
-    }
-    found
+/// Whether `stage` masks ids (`-inf`) by its state alone: `suppress_tokens`,
+/// `begin_suppress_tokens`, `min_length`, `min_new_tokens`, `no_repeat_ngram`.
+fn masks(stage: &Stage) -> bool {
+    matches!(
+        stage,
+        Stage::HfSuppressTokens(_)
+            | Stage::HfBeginSuppressTokens(_)
+            | Stage::HfMinLength(_)
+            | Stage::HfMinNewTokens(_)
+            | Stage::HfNoRepeatNGram(_)
+    )
 }
 
-/// [`prepare`] from `after` on a copy of the row with the `repetition_penalty` at `after - 1`
-/// written into it (each token it has seen, penalised as its `apply` does): the row the stages
-/// after it see. The fallbacks fill the candidates from the copy and run the stages from
-/// `after` ([`Scratch::row_applied`]). `None` (the candidates untouched, the summary of `r`
-/// dropped) where the copy holds `+inf` (a penalty below 1 can overflow a logit).
+/// `Some(after)` when the chain's stages from `first` (inert ones aside) start with edits that
+/// [`prepare_patched`] writes into a copy of the row, the stages from `after` then running on
+/// it: masking stages ([`masks`]) and at most one `repetition_penalty`, in any order (a mask
+/// and a penalty commute: `-inf` penalised is `-inf`). Masks always (no fast path reads them
+/// otherwise); a penalty alone only before one temperature and `dist` or `top_p` (`end` is
+/// the stage after the leading temperatures and penalties), as `top_k`, `min_p` and `greedy`
+/// read a penalty's edits off the gathered tokens instead.
+fn edits_to_write(stages: &[Stage], first: usize, end: usize) -> Option<usize> {
+    let (mut penalties, mut masking, mut after) = (0, false, first);
+    for (i, stage) in stages.iter().enumerate().skip(first) {
+        match stage {
+            _ if stage.is_inert() => {}
+            Stage::HfRepetitionPenalty(_) => penalties += 1,
+            _ if masks(stage) => masking = true,
+            _ => break,
+        }
+        after = i + 1;
+    }
+    if penalties > 1 {
+        return None;
+    }
+    if masking {
+        return Some(after);
+    }
+    // A penalty alone: before every temperature, and read by `dist` or `top_p`.
+    if penalties == 0 || !matches!(stages.get(end), Some(Stage::HfDist(_) | Stage::HfTopP(_))) {
+        return None;
+    }
+    stages[after..end].iter().all(|st| st.is_inert() || matches!(st, Stage::HfTemperature(_))).then_some(after)
+}
+
+/// [`prepare`] from `after` on a copy of the row with the edits of the stages from `first` to
+/// `after` ([`edits_to_write`]) written into it: each token the `repetition_penalty` has seen
+/// penalised as its `apply` does, and each id a mask names `-inf` (the masks' state moves as
+/// in their `apply`). That copy is the row the stages from `after` see. The fallbacks fill the
+/// candidates from it and run the stages from `after` ([`Scratch::row_applied`]). `None` (the
+/// candidates untouched, the summary of `r` dropped) where the copy holds `+inf` (a penalty
+/// below 1 can overflow a logit) or nothing finite.
 ///
-/// PERF: `repetition_penalty(1.1);temperature(0.8);top_p(0.9);dist` took the candidate array
-/// (492 µs a token at V = 32,000, 2.1 ms at 128,256): `top_p` and `dist` read the row through
-/// one temperature, and the penalty is not one.
+/// PERF: these chains took the candidate array: `repetition_penalty(1.1);temperature(0.8);
+/// top_p(0.9);dist` 492 µs a token at V = 32,000 and 2.1 ms at 128,256 (`top_p` and `dist`
+/// read the row through one temperature, and the penalty is not one);
+/// `no_repeat_ngram(3);temperature(0.7);top_k(50);top_p(0.9);dist` 984 µs and
+/// `suppress_tokens(1 2 3);temperature(0.7);top_p(0.9);dist` 2.3 ms at 128,256.
 fn prepare_patched(
     stages: &mut [Stage],
-    after: usize,
+    (first, after): (usize, usize),
     r: &[f32],
     s: &mut Scratch,
     c: &mut Candidates,
 ) -> Result<Option<Prepared>> {
-    let Some(Stage::HfRepetitionPenalty(p)) = stages.get(after - 1) else { return Ok(None) };
+    let v = r.len();
     s.overlay.clear();
-    let seen = p.seen().iter().filter(|&&id| (id as usize) < r.len());
-    s.overlay.extend(seen.map(|&id| (id, p.penalise(r[id as usize]))));
+    for stage in &mut stages[first..after] {
+        let overlay = &mut s.overlay;
+        let mut mask = |id: u32| {
+            if (id as usize) < v {
+                overlay.push((id, f32::NEG_INFINITY));
+            }
+        };
+        match stage {
+            _ if stage.is_inert() => {}
+            Stage::HfRepetitionPenalty(p) => {
+                let seen = p.seen().iter().filter(|&&id| (id as usize) < v);
+                overlay.extend(seen.map(|&id| (id, p.penalise(r[id as usize]))));
+            }
+            Stage::HfSuppressTokens(m) => m.for_each_masked(&mut mask),
+            Stage::HfBeginSuppressTokens(m) => m.for_each_masked(&mut mask),
+            Stage::HfMinLength(m) => m.for_each_masked(&mut mask),
+            Stage::HfMinNewTokens(m) => m.for_each_masked(&mut mask),
+            Stage::HfNoRepeatNGram(m) => m.for_each_masked(&mut mask),
+            // Not one `edits_to_write` takes: the array path (the masks' state moves again
+            // there to where it is now).
+            _ => return Ok(None),
+        }
+    }
+    // By id, each once: a masked id stays `-inf`, penalised or not.
+    s.overlay.sort_by_key(|e| e.0);
+    s.overlay.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            kept.1 = kept.1.min(later.1);
+        }
+        same
+    });
     let mut patched = std::mem::take(&mut s.patched);
     let summary = arch::patch_summarize(r, &s.overlay, 1.0, &mut patched, &mut s.block_max);
     s.overlay.clear();
@@ -312,8 +370,8 @@ pub(crate) fn prepare(
     {
         end += 1;
     }
-    if let Some(after) = penalty_to_write(stages, first, end) {
-        return prepare_patched(stages, after, r, s, c);
+    if let Some(after) = edits_to_write(stages, first, end) {
+        return prepare_patched(stages, (first, after), r, s, c);
     }
     // A chain with a stage this path knows at `end` that still ends up on the array path
     // fell back (labelled here, overwritten on success).

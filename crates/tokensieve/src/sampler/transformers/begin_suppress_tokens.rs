@@ -13,7 +13,7 @@ use crate::candidates::Candidates;
 use crate::convention::transformers::ensure_dense;
 use crate::error::{Error, Result};
 use crate::params::spec::Bound;
-use crate::sampler::transformers::{mask_ids, matchable_ids};
+use crate::sampler::transformers::{mask_id, matchable_ids};
 use crate::sampler::{BuildContext, FromSpec, Sampler};
 
 /// Suppression at the first generated position, transformers convention.
@@ -57,6 +57,16 @@ impl BeginSuppressTokens {
     }
 }
 
+impl BeginSuppressTokens {
+    /// Calls `f` with each id this step's `apply` masks (`-inf`), with `apply`'s effect on the
+    /// state (the first step fixes the begin index when none was given).
+    pub(crate) fn for_each_masked(&mut self, f: impl FnMut(u32)) {
+        if *self.begin_index.get_or_insert(self.len) == self.len {
+            self.ids.iter().copied().for_each(f);
+        }
+    }
+}
+
 impl Sampler for BeginSuppressTokens {
     fn name(&self) -> &'static str {
         "begin_suppress_tokens"
@@ -64,9 +74,8 @@ impl Sampler for BeginSuppressTokens {
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
         ensure_dense(c);
-        if *self.begin_index.get_or_insert(self.len) == self.len {
-            mask_ids(c, &self.ids);
-        }
+        let data = c.as_mut_slice();
+        self.for_each_masked(|id| mask_id(data, id));
         Ok(())
     }
 

@@ -19,7 +19,7 @@ use crate::candidates::Candidates;
 use crate::convention::transformers::ensure_dense;
 use crate::error::{Error, Result};
 use crate::params::spec::Bound;
-use crate::sampler::transformers::{mask_ids, matchable_ids};
+use crate::sampler::transformers::{mask_id, matchable_ids};
 use crate::sampler::{BuildContext, FromSpec, Sampler};
 
 fn non_negative(stage: &str, name: &str, v: i64) -> Result<usize> {
@@ -58,6 +58,16 @@ impl MinLength {
     }
 }
 
+impl MinLength {
+    /// Calls `f` with each id this step's `apply` masks (`-inf`): the EOS ids while the
+    /// sequence is shorter than `min_length`.
+    pub(crate) fn for_each_masked(&mut self, f: impl FnMut(u32)) {
+        if self.len < self.min_length {
+            self.eos.iter().copied().for_each(f);
+        }
+    }
+}
+
 impl Sampler for MinLength {
     fn name(&self) -> &'static str {
         "min_length"
@@ -65,9 +75,8 @@ impl Sampler for MinLength {
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
         ensure_dense(c);
-        if self.len < self.min_length {
-            mask_ids(c, &self.eos);
-        }
+        let data = c.as_mut_slice();
+        self.for_each_masked(|id| mask_id(data, id));
         Ok(())
     }
 
@@ -119,6 +128,17 @@ impl MinNewTokens {
     }
 }
 
+impl MinNewTokens {
+    /// Calls `f` with each id this step's `apply` masks (`-inf`), with `apply`'s effect on the
+    /// state (the first step fixes the prompt's length).
+    pub(crate) fn for_each_masked(&mut self, f: impl FnMut(u32)) {
+        let prompt = *self.prompt_len.get_or_insert(self.len);
+        if self.len - prompt < self.min_new_tokens {
+            self.eos.iter().copied().for_each(f);
+        }
+    }
+}
+
 impl Sampler for MinNewTokens {
     fn name(&self) -> &'static str {
         "min_new_tokens"
@@ -126,10 +146,8 @@ impl Sampler for MinNewTokens {
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
         ensure_dense(c);
-        let prompt = *self.prompt_len.get_or_insert(self.len);
-        if self.len - prompt < self.min_new_tokens {
-            mask_ids(c, &self.eos);
-        }
+        let data = c.as_mut_slice();
+        self.for_each_masked(|id| mask_id(data, id));
         Ok(())
     }
 

@@ -60,13 +60,11 @@ pub(crate) fn matchable_ids(ids: &[i64]) -> Vec<u32> {
     ids.iter().filter_map(|&id| u32::try_from(id).ok()).collect()
 }
 
-/// Sets every listed id below the vocabulary size to `-inf`.
-pub(crate) fn mask_ids(c: &mut crate::Candidates, ids: &[u32]) {
-    let data = c.as_mut_slice();
-    for &id in ids {
-        if let Some(t) = data.get_mut(id as usize) {
-            t.logit = f32::NEG_INFINITY;
-        }
+/// Masks (`-inf`) the candidate of `id` in a dense array (`data[id].id == id`), if any: an id
+/// at or above the vocabulary size masks nothing.
+pub(crate) fn mask_id(data: &mut [crate::candidates::TokenData], id: u32) {
+    if let Some(t) = data.get_mut(id as usize) {
+        t.logit = f32::NEG_INFINITY;
     }
 }
 

@@ -14,6 +14,7 @@ use crate::candidates::Candidates;
 use crate::convention::transformers::ensure_dense;
 use crate::error::{Error, Result};
 use crate::params::spec::Bound;
+use crate::sampler::transformers::mask_id;
 use crate::sampler::{BuildContext, FromSpec, Sampler};
 
 /// No-repeat n-gram ban, transformers convention.
@@ -49,6 +50,23 @@ impl NoRepeatNGram {
     }
 }
 
+impl NoRepeatNGram {
+    /// Calls `f` with each id this step's `apply` masks (`-inf`): the last token of every
+    /// earlier n-gram that starts with the last `n - 1` tokens (an id may come more than once).
+    pub(crate) fn for_each_masked(&mut self, mut f: impl FnMut(u32)) {
+        let (h, n) = (&self.history, self.n);
+        if h.len() < n {
+            return;
+        }
+        let prefix = &h[h.len() + 1 - n..];
+        for window in h.windows(n) {
+            if &window[..n - 1] == prefix {
+                f(window[n - 1]);
+            }
+        }
+    }
+}
+
 impl Sampler for NoRepeatNGram {
     fn name(&self) -> &'static str {
         "no_repeat_ngram"
@@ -56,19 +74,8 @@ impl Sampler for NoRepeatNGram {
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
         ensure_dense(c);
-        let (h, n) = (&self.history, self.n);
-        if h.len() < n {
-            return Ok(());
-        }
-        let prefix = &h[h.len() + 1 - n..];
         let data = c.as_mut_slice();
-        for window in h.windows(n) {
-            if &window[..n - 1] == prefix {
-                if let Some(t) = data.get_mut(window[n - 1] as usize) {
-                    t.logit = f32::NEG_INFINITY;
-                }
-            }
-        }
+        self.for_each_masked(|id| mask_id(data, id));
         Ok(())
     }
 

@@ -10,7 +10,7 @@ use crate::candidates::Candidates;
 use crate::convention::transformers::ensure_dense;
 use crate::error::{Error, Result};
 use crate::params::spec::Bound;
-use crate::sampler::transformers::{mask_ids, matchable_ids};
+use crate::sampler::transformers::{mask_id, matchable_ids};
 use crate::sampler::{BuildContext, FromSpec, Sampler};
 
 /// Token suppression, transformers convention.
@@ -34,6 +34,13 @@ impl SuppressTokens {
     }
 }
 
+impl SuppressTokens {
+    /// Calls `f` with each id a step's `apply` masks (`-inf`).
+    pub(crate) fn for_each_masked(&mut self, f: impl FnMut(u32)) {
+        self.ids.iter().copied().for_each(f);
+    }
+}
+
 impl Sampler for SuppressTokens {
     fn name(&self) -> &'static str {
         "suppress_tokens"
@@ -41,7 +48,8 @@ impl Sampler for SuppressTokens {
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
         ensure_dense(c);
-        mask_ids(c, &self.ids);
+        let data = c.as_mut_slice();
+        self.for_each_masked(|id| mask_id(data, id));
         Ok(())
     }
 }
