@@ -69,6 +69,9 @@ const CHAINS: &[&str] = &[
     "temperature(0.8);dist",
     "min_p(0.05,1);temperature(0.8);dist",
     "greedy",
+    // Edits and a temperature written into a reused copy of the row.
+    "penalties(64,1.1,0.1,0.1);top_p(0.95,1);dist",
+    "logit_bias(5:1.5 9:-inf);temperature(0.8);top_p(0.95,1);dist",
 ];
 
 #[test]
@@ -78,7 +81,10 @@ fn sampling_allocates_nothing_after_warm_up() {
         for spec in CHAINS {
             for rng in [RngConfig::philox(3), RngConfig::mt19937(3)] {
                 let mut chain = Chain::from_spec(spec, &BuildContext::new(vocab, rng)).unwrap();
-                for step in 0..80 {
+                // Sampling the same row over and over, `penalties` before `top_p` keeps moving
+                // to new tokens: its window holds more distinct ones for a few hundred steps,
+                // and its counts and the overlay grow with them (to at most 64).
+                for step in 0..400 {
                     chain.sample(&row).unwrap_or_else(|e| panic!("{spec}, warm-up step {step}: {e}"));
                 }
                 let n = allocations(|| {
@@ -128,6 +134,8 @@ const TRANSFORMERS_CHAINS: &[&str] = &[
     "temperature(0.8);dist",
     "temperature(0.8);min_p(0.05);dist",
     "greedy",
+    // Masks written into a reused copy of the row.
+    "suppress_tokens(1 2 3);temperature(0.8);top_p(0.95);dist",
 ];
 
 #[test]
