@@ -724,10 +724,47 @@ fn transformers_sample_matches_the_array_path() {
 /// penalty strong enough pushes top tokens below the k-th value (or, below 1, lifts them).
 /// The history is short, or long as a prompt makes it (thousands of tokens, most far below
 /// the top). The same tokens as the array path over many steps, with the fast path taken.
+/// The paths a chain took over a run of steps.
+#[derive(Debug, Default)]
+struct Tally {
+    fast: usize,
+    fell_back: usize,
+    array: usize,
+    steps: usize,
+}
+
+/// `chain` and `stages` (a copy of its stages for the array path) accept `history`, then
+/// `chain` samples `row` 40 times, each token checked against the array path (and accepted by
+/// both); the paths it took are added to `tally`.
+fn run_against_array_path(
+    chain: &mut Chain,
+    stages: &mut [Stage],
+    row: &[f32],
+    history: impl IntoIterator<Item = u32>,
+    label: &str,
+    tally: &mut Tally,
+) {
+    for t in history {
+        chain.accept(t);
+        stages.iter_mut().for_each(|s| s.accept(t));
+    }
+    for step in 0..40 {
+        let want = array_path(stages, row).unwrap().selected_token().unwrap();
+        let got = chain.sample(row).unwrap();
+        assert_eq!(got, want, "{label}, step {step}");
+        match chain.last_path() {
+            Path::Fast(_) => tally.fast += 1,
+            Path::Fallback(_) => tally.fell_back += 1,
+            Path::Array => tally.array += 1,
+        }
+        tally.steps += 1;
+        stages.iter_mut().for_each(|s| s.accept(got));
+    }
+}
+
 #[test]
 fn transformers_penalties_on_the_top_tokens() {
-    let mut fast = 0;
-    let mut steps = 0;
+    let mut tally = Tally::default();
     for (case, &(kind, v)) in
         [(RowKind::Peaked, 32_000), (RowKind::Gaussian, 5_000), (RowKind::Peaked, 129_000), (RowKind::ShiftedUp, 9_000)]
             .iter()
@@ -758,20 +795,11 @@ fn transformers_penalties_on_the_top_tokens() {
             // worth of them, ids past the row's end too, for the long history).
             let spread = (0..40 + prompt).map(|i| (i * 7919 % (v + v / 8)) as u32);
             let history = order.iter().take(60).step_by(2).copied().chain(spread);
-            for t in history {
-                chain.accept(t);
-                stages.iter_mut().for_each(|s| s.accept(t));
-            }
-            for step in 0..40 {
-                let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
-                let got = chain.sample(&row).unwrap();
-                assert_eq!(got, want, "{spec} after a prompt of {prompt} on {kind:?} {v}, step {step}");
-                fast += usize::from(matches!(chain.last_path(), Path::Fast(_)));
-                steps += 1;
-                stages.iter_mut().for_each(|s| s.accept(got));
-            }
+            let label = format!("{spec} after a prompt of {prompt} on {kind:?} {v}");
+            run_against_array_path(&mut chain, &mut stages, &row, history, &label, &mut tally);
         }
     }
+    let Tally { fast, steps, .. } = tally;
     assert!(fast * 10 >= steps * 9, "the fast path ran in only {fast} of {steps} steps");
 }
 
@@ -782,8 +810,7 @@ fn transformers_penalties_on_the_top_tokens() {
 /// checked against the array path over 40 steps, after a short and after a long history.
 #[test]
 fn llama_cpp_penalties_over_long_windows() {
-    let mut fast = 0;
-    let mut steps = 0;
+    let mut tally = Tally::default();
     for (case, &(kind, v)) in
         [(RowKind::Peaked, 32_000), (RowKind::Gaussian, 5_000), (RowKind::Peaked, 129_000), (RowKind::ShiftedUp, 9_000)]
             .iter()
@@ -815,20 +842,12 @@ fn llama_cpp_penalties_over_long_windows() {
             // row (ids past its end too), each some number of times.
             let spread = (0..40 + prompt).map(|i| (i * 7919 % (v + v / 8)) as u32);
             let top = order.iter().take(60).step_by(2).flat_map(|&t| [t, t]);
-            for t in top.chain(spread.flat_map(|t| std::iter::repeat_n(t, 1 + t as usize % 3))) {
-                chain.accept(t);
-                stages.iter_mut().for_each(|s| s.accept(t));
-            }
-            for step in 0..40 {
-                let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
-                let got = chain.sample(&row).unwrap();
-                assert_eq!(got, want, "{spec} after a prompt of {prompt} on {kind:?} {v}, step {step}");
-                fast += usize::from(matches!(chain.last_path(), Path::Fast(_)));
-                steps += 1;
-                stages.iter_mut().for_each(|s| s.accept(got));
-            }
+            let history = top.chain(spread.flat_map(|t| std::iter::repeat_n(t, 1 + t as usize % 3)));
+            let label = format!("{spec} after a prompt of {prompt} on {kind:?} {v}");
+            run_against_array_path(&mut chain, &mut stages, &row, history, &label, &mut tally);
         }
     }
+    let Tally { fast, steps, .. } = tally;
     assert!(fast * 10 >= steps * 9, "the fast path ran in only {fast} of {steps} steps");
 }
 
@@ -841,7 +860,7 @@ fn llama_cpp_penalties_over_long_windows() {
 /// path and the row's error as before.
 #[test]
 fn edits_before_top_p_and_dist_read_a_patched_row() {
-    let (mut fast, mut array, mut steps) = (0, 0, 0);
+    let mut tally = Tally::default();
     for (case, &(kind, v)) in
         [(RowKind::Peaked, 32_000), (RowKind::Gaussian, 5_000), (RowKind::Peaked, 129_000), (RowKind::ShiftedUp, 9_000)]
             .iter()
@@ -870,21 +889,12 @@ fn edits_before_top_p_and_dist_read_a_patched_row() {
             let ctx = BuildContext::new(v, RngConfig::philox(j as u64));
             let mut chain = Chain::from_spec(spec, &ctx).unwrap();
             let mut stages = chain.stages().to_vec();
-            for &t in order.iter().take(30).step_by(3) {
-                chain.accept(t);
-                stages.iter_mut().for_each(|s| s.accept(t));
-            }
-            for step in 0..40 {
-                let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
-                let got = chain.sample(&row).unwrap();
-                assert_eq!(got, want, "{spec} on {kind:?} {v}, step {step}");
-                fast += usize::from(matches!(chain.last_path(), Path::Fast(_)));
-                array += usize::from(chain.last_path() == Path::Array);
-                steps += 1;
-                stages.iter_mut().for_each(|s| s.accept(got));
-            }
+            let history = order.iter().take(30).step_by(3).copied();
+            let label = format!("{spec} on {kind:?} {v}");
+            run_against_array_path(&mut chain, &mut stages, &row, history, &label, &mut tally);
         }
     }
+    let Tally { fast, array, steps, .. } = tally;
     // `top_p` not followed by `dist` falls back on some flat rows; no step builds the array
     // from the input row.
     assert!(fast * 10 >= steps * 8, "the fast path ran in only {fast} of {steps} steps");
@@ -919,7 +929,7 @@ fn edits_before_top_p_and_dist_read_a_patched_row() {
 /// penalty. Each chain against the array path over 40 steps.
 #[test]
 fn transformers_penalty_before_top_p_and_dist_reads_a_patched_row() {
-    let (mut fast, mut fell_back, mut steps) = (0, 0, 0);
+    let mut tally = Tally::default();
     for (case, &(kind, v, grid)) in [
         (RowKind::Peaked, 32_000, 0.0f32),
         (RowKind::Gaussian, 5_000, 0.5),
@@ -957,22 +967,11 @@ fn transformers_penalty_before_top_p_and_dist_reads_a_patched_row() {
             // Some masked ids are in the history too (penalised and masked).
             let masked = [1, 2, 9, 7];
             let prompt = order.iter().take(40).step_by(2).copied().chain((0..300).map(|i| (i * 7919 % v) as u32));
-            let prompt = prompt.chain(masked);
-            for t in prompt {
-                chain.accept(t);
-                stages.iter_mut().for_each(|s| s.accept(t));
-            }
-            for step in 0..40 {
-                let want = array_path(&mut stages, &row).unwrap().selected_token().unwrap();
-                let got = chain.sample(&row).unwrap();
-                assert_eq!(got, want, "{spec} on {kind:?} {v} (grid {grid}), step {step}");
-                fast += usize::from(matches!(chain.last_path(), Path::Fast(_)));
-                fell_back += usize::from(matches!(chain.last_path(), Path::Fallback(_)));
-                steps += 1;
-                stages.iter_mut().for_each(|s| s.accept(got));
-            }
+            let label = format!("{spec} on {kind:?} {v} (grid {grid})");
+            run_against_array_path(&mut chain, &mut stages, &row, prompt.chain(masked), &label, &mut tally);
         }
     }
+    let Tally { fast, fell_back, steps, .. } = tally;
     assert!(fast * 10 >= steps * 7, "the fast path ran in only {fast} of {steps} steps");
     assert!(fell_back > 0, "no draw reached a fallback");
 }
