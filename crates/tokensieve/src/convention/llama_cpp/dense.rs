@@ -397,9 +397,8 @@ fn patch_plan(stages: &[Stage]) -> Option<PatchPlan> {
 /// a leading temperature: [`patch_plan`]), for the paths that read the row without them, where
 /// the chain's leading edits (`penalties`, `logit_bias` before `top_p`, `temperature` or
 /// `dist`), or a temperature before `top_p`, `top_k` or `min_p`, would otherwise send it to
-/// the candidate array.
-/// The copy, with the values the array path computes, is the row those paths see;
-/// their fallbacks fill the candidates from it and run the stages after the edits
+/// the candidate array. The copy, with the values the array path computes, is the row those
+/// paths see; their fallbacks fill the candidates from it and run the stages after the edits
 /// ([`Scratch::row_applied`]). The summary of the copy is dropped afterwards: raw logprobs
 /// read the input row.
 ///
