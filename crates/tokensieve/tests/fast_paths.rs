@@ -974,6 +974,19 @@ fn transformers_penalty_before_top_p_and_dist_reads_a_patched_row() {
     let Tally { fast, fell_back, steps, .. } = tally;
     assert!(fast * 10 >= steps * 7, "the fast path ran in only {fast} of {steps} steps");
     assert!(fell_back > 0, "no draw reached a fallback");
+
+    // A NaN or `+inf` of the row under a mask is still the row's error (the copy would hide
+    // it), and the chain samples the next, valid row.
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut row = generate::row(RowKind::Peaked, 5_000, 5);
+        row[2] = bad;
+        let ctx =
+            BuildContext::new(row.len(), RngConfig::philox(1)).with_convention(tokensieve::Convention::Transformers);
+        let mut chain = Chain::from_spec("suppress_tokens(2);temperature(0.7);top_p(0.9);dist", &ctx).unwrap();
+        assert!(chain.sample(&row).is_err(), "{bad} under a mask");
+        row[2] = 0.0;
+        assert!(chain.sample(&row).is_ok());
+    }
 }
 
 /// A `repetition_penalty` after a temperature rounds in that order: here the penalised token

@@ -297,6 +297,19 @@ fn prepare_f32(
         if let Some(plan) = patch_plan(stages) {
             return prepare_patched(stages, plan, row, r, c, s, need);
         }
+        // transformers' leading edits written into a copy: its summary serves, and the row's
+        // own would be a second pass.
+        if let Some(after) = transformers::row::patch_from_start(stages) {
+            if let Some(done) = transformers::row::prepare_patched(stages, (0, after), r, s, c)? {
+                return Ok(done);
+            }
+            s.path = Path::Array;
+            if let Err(e) = row.validate() {
+                c.begin(0);
+                return Err(e);
+            }
+            return Ok(array(r, 0, c));
+        }
     }
     let summary = match known {
         Some(summary) => summary,

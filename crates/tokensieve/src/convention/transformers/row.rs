@@ -207,6 +207,17 @@ fn masks(stage: &Stage) -> bool {
     )
 }
 
+/// [`edits_to_write`] for a chain from its first stage: `Some(after)` when [`prepare`] would
+/// write its leading edits into a copy of the row, so that the caller need not summarise the
+/// row itself first ([`prepare_patched`] summarises the copy).
+pub(crate) fn patch_from_start(stages: &[Stage]) -> Option<usize> {
+    let end = stages
+        .iter()
+        .position(|st| !(st.is_inert() || matches!(st, Stage::HfTemperature(_) | Stage::HfRepetitionPenalty(_))))
+        .unwrap_or(stages.len());
+    edits_to_write(stages, 0, end)
+}
+
 /// `Some(after)` when the chain's stages from `first` (inert ones aside) start with edits that
 /// [`prepare_patched`] writes into a copy of the row, the stages from `after` then running on
 /// it: masking stages ([`masks`]) and at most one `repetition_penalty`, in any order (a mask
@@ -244,14 +255,15 @@ fn edits_to_write(stages: &[Stage], first: usize, end: usize) -> Option<usize> {
 /// in their `apply`). That copy is the row the stages from `after` see. The fallbacks fill the
 /// candidates from it and run the stages from `after` ([`Scratch::row_applied`]). `None` (the
 /// candidates untouched, the summary of `r` dropped) where the copy holds `+inf` (a penalty
-/// below 1 can overflow a logit) or nothing finite.
+/// below 1 can overflow a logit) or nothing finite, where a mask falls on a NaN or `+inf` of
+/// the row, or where no fast path serves the stages from `after`.
 ///
 /// PERF: these chains took the candidate array: `repetition_penalty(1.1);temperature(0.8);
 /// top_p(0.9);dist` 492 µs a token at V = 32,000 and 2.1 ms at 128,256 (`top_p` and `dist`
 /// read the row through one temperature, and the penalty is not one);
 /// `no_repeat_ngram(3);temperature(0.7);top_k(50);top_p(0.9);dist` 984 µs and
 /// `suppress_tokens(1 2 3);temperature(0.7);top_p(0.9);dist` 2.3 ms at 128,256.
-fn prepare_patched(
+pub(crate) fn prepare_patched(
     stages: &mut [Stage],
     (first, after): (usize, usize),
     r: &[f32],
@@ -292,6 +304,13 @@ fn prepare_patched(
         }
         same
     });
+    // A mask would hide a NaN or `+inf` of the row (the row may not have been validated: see
+    // `dense::prepare`); the copy's summary catches the rest.
+    if s.overlay.iter().any(|&(id, _)| r[id as usize].is_nan() || r[id as usize] == f32::INFINITY) {
+        s.overlay.clear();
+        s.summary = None;
+        return Ok(None);
+    }
     let mut patched = std::mem::take(&mut s.patched);
     let summary = arch::patch_summarize(r, &s.overlay, 1.0, &mut patched, &mut s.block_max);
     s.overlay.clear();
