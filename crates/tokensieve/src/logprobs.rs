@@ -237,20 +237,39 @@ impl ServerOrder {
         if n == r.len() {
             return sum;
         }
-        let threshold = arch::skip_threshold(max, arch::log_half_ulp(sum));
-        let unordered = if self.collector.start(block_max, threshold) {
-            self.sum_collected(r, max, top, sum, threshold)
-        } else {
-            self.patches.clear();
-            self.patches.extend(top.iter().map(|t| (t.token, f32::NEG_INFINITY)));
-            self.patches.sort_unstable_by_key(|p| p.0);
-            arch::exp_sum_unordered(sum, r, max, block_max, &self.patches)
-        };
-        if let Some(total) = unordered {
+        if let Some(total) = self.rest_unordered(r, max, block_max, top, sum) {
             return total;
         }
         self.scan(r, block_max, n);
         arch::exp_sum_sequential_patched(sum, r, max, block_max, &self.patches)
+    }
+
+    /// `start` plus `expf(x - max)` for every entry `x` of `r` outside `top` (by token; the
+    /// logits in the `logprob` fields, best first, and every entry of `r` above the least of
+    /// them among them, as many equal to it as `top` holds), when no order of those additions
+    /// can change the f32 sum ([`arch::exp_sum_unordered`]); `None` when one may. Every
+    /// sequence that starts from `start` and adds those weights in some order then ends on it:
+    /// llama-server's order, or the descending order of a full sort.
+    pub(crate) fn rest_unordered(
+        &mut self,
+        r: &[f32],
+        max: f32,
+        block_max: &[f32],
+        top: &[TokenLogprob],
+        start: f32,
+    ) -> Option<f32> {
+        if top.len() == r.len() {
+            return Some(start);
+        }
+        let threshold = arch::skip_threshold(max, arch::log_half_ulp(start));
+        if !top.is_empty() && self.collector.start(block_max, threshold) {
+            self.sum_collected(r, max, top, start, threshold)
+        } else {
+            self.patches.clear();
+            self.patches.extend(top.iter().map(|t| (t.token, f32::NEG_INFINITY)));
+            self.patches.sort_unstable_by_key(|p| p.0);
+            arch::exp_sum_unordered(start, r, max, block_max, &self.patches)
+        }
     }
 
     /// The sum from `start` (the top's) over the row less its top `n`, when no order of its

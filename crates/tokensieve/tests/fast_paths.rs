@@ -1232,3 +1232,62 @@ fn a_direct_dist_leaves_the_selected_probability_within_its_bound() {
     }
     assert!(checked > 100, "only {checked} direct draws");
 }
+
+/// llama.cpp's `mirostat` and `mirostat_v2` (alone, after a temperature, after penalties) on
+/// the row's top entries instead of the fully sorted array: over many steps `mu` drifts (on a
+/// peaked row it climbs until the whole row is kept), so the kept prefix runs from one entry
+/// to all of them. Every step, `sample` gives the array path's token, its candidates the same
+/// values and probability bits with the same one selected (their order among equal values is
+/// the sort's only where they are observed), and `apply` the array path's candidates exactly,
+/// on rows with and without ties (where the picked value is tied, or `apply` meets a tie, the
+/// stage finishes on the array with the same draw). The fast path is taken on most steps.
+#[test]
+fn mirostat_reads_the_top_of_the_row() {
+    let mut tally = Tally::default();
+    let specs = [
+        "mirostat_v2(5,0.1)",
+        "mirostat_v2(1,0.5)",
+        "temperature(0.8);mirostat_v2(5,0.1)",
+        "penalties(64,1.1,0.1,0.1);temperature(0.7);mirostat_v2(3,0.2)",
+        "mirostat(5,0.1,100)",
+        "temperature(0.8);mirostat(3,0.3,100)",
+        "mirostat(8,0.2,10)",
+    ];
+    let rows = [(RowKind::Peaked, 20_000), (RowKind::Gaussian, 3_000), (RowKind::Ties, 4_000), (RowKind::Bf16, 9_000)];
+    for (case, &(kind, v)) in rows.iter().enumerate() {
+        let row = generate::row(kind, v, 40 + case as u64);
+        for (j, spec) in specs.iter().enumerate() {
+            let ctx = BuildContext::new(v, RngConfig::mt19937(j as u32 + 7));
+            let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+            let mut stages = chain.stages().to_vec();
+            let mut applied = Chain::from_spec_for_apply(spec, &ctx).unwrap();
+            let mut applied_stages = applied.stages().to_vec();
+            let values = |c: &Candidates| {
+                let v: Vec<_> = c.as_slice().iter().map(|t| (t.logit.to_bits(), t.p.to_bits())).collect();
+                (v, c.selected_index())
+            };
+            for step in 0..70 {
+                let label = format!("{spec} on {kind:?} {v}, step {step}");
+                let want = array_path(&mut stages, &row).unwrap();
+                let got = chain.sample(&row).unwrap();
+                assert_eq!(Some(got), want.selected_token(), "{label}");
+                assert_eq!(values(chain.candidates()), values(&want), "{label}");
+                let want_applied = array_path(&mut applied_stages, &row).unwrap();
+                same(applied.apply(&row).unwrap(), &want_applied).unwrap_or_else(|e| panic!("apply, {label}: {e}"));
+                // Sampling on the rows without ties (the tied ones finish on the array when
+                // the picked value is tied, which is most of the time there).
+                if matches!(kind, RowKind::Peaked | RowKind::Gaussian) {
+                    match chain.last_path() {
+                        Path::Fast(_) => tally.fast += 1,
+                        Path::Fallback(_) => tally.fell_back += 1,
+                        Path::Array => tally.array += 1,
+                    }
+                    tally.steps += 1;
+                }
+                stages.iter_mut().for_each(|s| s.accept(got));
+            }
+        }
+    }
+    eprintln!("mirostat sampling: {tally:?}");
+    assert!(tally.fast * 10 >= tally.steps * 9, "the fast path was rarely taken: {tally:?}");
+}

@@ -87,8 +87,42 @@ impl Mirostat {
         self.mu
     }
 
-    /// llama.cpp's `k` estimate on sorted candidates with fresh probabilities.
-    fn top_k_estimate(&self, c: &Candidates) -> i32 {
+    /// How many leading candidates [`top_k_estimate`](Self::top_k_estimate) reads: `m`, or
+    /// every one for `m <= 0` (`usize::MAX`).
+    pub(crate) fn estimate_reads(&self) -> usize {
+        // `size_t(m - 1)`: m <= 0 wraps to "no limit".
+        usize::try_from(self.m as i64 - 1).map_or(usize::MAX, |limit| limit + 1)
+    }
+
+    /// The draw for keeping the first `keep` of the candidates (see [`pick_and_update_mu`]).
+    pub(crate) fn draw(&mut self, keep: usize) -> Option<f64> {
+        draw_for(keep, &mut self.rng)
+    }
+
+    /// The rest of `apply` after the estimate, on the sorted candidates with their softmax:
+    /// keeps the first `keep` (`min(k, len)`), renormalises them, picks one with the draw `u`
+    /// ([`draw`](Self::draw)), and where `certain(c, picked)`, selects it and updates `mu`
+    /// ([`pick_and_update_mu`]).
+    pub(crate) fn finish(
+        &mut self,
+        c: &mut Candidates,
+        keep: usize,
+        u: Option<f64>,
+        certain: impl FnOnce(&Candidates, usize) -> bool,
+    ) -> bool {
+        pick_and_update_mu(c, keep, u, &mut self.cum, &mut self.mu, (self.eta, self.tau), certain)
+    }
+
+    /// `apply` after the checks, with the draw `u` already made (see [`finish`](Self::finish)).
+    pub(crate) fn apply_drawn(&mut self, c: &mut Candidates, u: Option<f64>) {
+        llama_cpp::softmax(c, true);
+        let keep = (self.top_k_estimate(c) as usize).min(c.len());
+        self.finish(c, keep, u, |_, _| true);
+    }
+
+    /// llama.cpp's `k` estimate on sorted candidates with fresh probabilities, reading the
+    /// first [`estimate_reads`](Self::estimate_reads) of them (all, if fewer).
+    pub(crate) fn top_k_estimate(&self, c: &Candidates) -> i32 {
         let data = c.as_slice();
         // `size_t(m - 1)`: m <= 0 wraps to "no limit".
         let limit = usize::try_from(self.m as i64 - 1).unwrap_or(usize::MAX);
@@ -109,21 +143,37 @@ impl Mirostat {
     }
 }
 
-/// The tail both mirostats share: draw from the truncated, renormalised candidates with
-/// `std::discrete_distribution` (no draw for a single candidate), select it, and move `mu`
-/// toward the target surprise: `mu -= eta * (-log2 p_selected - tau)` in f32.
-pub(super) fn draw_and_update_mu(
+/// A draw for `std::discrete_distribution` over `n` candidates: one uniform, none for fewer
+/// than two.
+pub(super) fn draw_for(n: usize, rng: &mut StageRng) -> Option<f64> {
+    (n >= 2).then(|| rng.uniform_f64())
+}
+
+/// The tail both mirostats share, after the cut: keep the first `keep` (at least one) of the
+/// sorted candidates, renormalise them, and pick one with `std::discrete_distribution` from the
+/// draw `u` ([`draw_for`] of the kept count). If `certain(c, picked)`, select it and move `mu`
+/// toward the target surprise, `mu -= eta * (-log2 p_selected - tau)` in f32, and return
+/// `true`; otherwise leave `mu` (a fast path that cannot vouch for the token).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn pick_and_update_mu(
     c: &mut Candidates,
-    rng: &mut StageRng,
+    keep: usize,
+    u: Option<f64>,
     cum: &mut Vec<f64>,
     mu: &mut f32,
-    eta: f32,
-    tau: f32,
-) {
-    let idx = llama_cpp::discrete_distribution(c.as_slice(), cum, || rng.uniform_f64());
+    (eta, tau): (f32, f32),
+    certain: impl FnOnce(&Candidates, usize) -> bool,
+) -> bool {
+    c.truncate(keep.max(1));
+    llama_cpp::softmax(c, true);
+    let idx = llama_cpp::discrete_distribution(c.as_slice(), cum, || u.expect("a draw for two or more candidates"));
+    if !certain(c, idx) {
+        return false;
+    }
     c.set_selected(Some(idx));
     let observed_surprise = -c.as_slice()[idx].p.log2();
     *mu -= eta * (observed_surprise - tau);
+    true
 }
 
 impl Sampler for Mirostat {
@@ -134,10 +184,10 @@ impl Sampler for Mirostat {
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
         require_finite_candidate("mirostat", c)?;
         llama_cpp::softmax(c, true);
-        let k = self.top_k_estimate(c);
-        llama_cpp::top_k(c, k);
-        llama_cpp::softmax(c, true);
-        draw_and_update_mu(c, &mut self.rng, &mut self.cum, &mut self.mu, self.eta, self.tau);
+        // `top_k(k)` on sorted candidates: the first `min(k, len)` (k >= 1).
+        let keep = (self.top_k_estimate(c) as usize).min(c.len());
+        let u = self.draw(keep);
+        self.finish(c, keep, u, |_, _| true);
         Ok(())
     }
 

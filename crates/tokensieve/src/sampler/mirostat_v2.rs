@@ -57,6 +57,40 @@ impl MirostatV2 {
     }
 }
 
+impl MirostatV2 {
+    /// On sorted candidates with their softmax: the position of the first whose surprise
+    /// `-log2(p)` exceeds `mu` (`None`: none does).
+    pub(crate) fn cut(&self, c: &Candidates) -> Option<usize> {
+        c.as_slice().iter().position(|t| -t.p.log2() > self.mu)
+    }
+
+    /// The draw for keeping the first `keep` of the candidates (see
+    /// [`pick_and_update_mu`](super::mirostat::pick_and_update_mu)).
+    pub(crate) fn draw(&mut self, keep: usize) -> Option<f64> {
+        super::mirostat::draw_for(keep, &mut self.rng)
+    }
+
+    /// The rest of `apply` after the cut, on the sorted candidates with their softmax: keeps
+    /// the first `keep` (at least one), renormalises them, picks one with the draw `u`
+    /// ([`draw`](Self::draw)), and where `certain(c, picked)`, selects it and updates `mu`.
+    pub(crate) fn finish(
+        &mut self,
+        c: &mut Candidates,
+        keep: usize,
+        u: Option<f64>,
+        certain: impl FnOnce(&Candidates, usize) -> bool,
+    ) -> bool {
+        super::mirostat::pick_and_update_mu(c, keep, u, &mut self.cum, &mut self.mu, (self.eta, self.tau), certain)
+    }
+
+    /// `apply` after the checks, with the draw `u` already made (see [`finish`](Self::finish)).
+    pub(crate) fn apply_drawn(&mut self, c: &mut Candidates, u: Option<f64>) {
+        llama_cpp::softmax(c, true);
+        let keep = self.cut(c).unwrap_or(c.len()).max(1);
+        self.finish(c, keep, u, |_, _| true);
+    }
+}
+
 impl Sampler for MirostatV2 {
     fn name(&self) -> &'static str {
         "mirostat-v2"
@@ -65,11 +99,9 @@ impl Sampler for MirostatV2 {
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
         require_finite_candidate("mirostat_v2", c)?;
         llama_cpp::softmax(c, true);
-        let mu = self.mu;
-        let keep = c.as_slice().iter().position(|t| -t.p.log2() > mu).unwrap_or(c.len());
-        c.truncate(keep.max(1));
-        llama_cpp::softmax(c, true);
-        super::mirostat::draw_and_update_mu(c, &mut self.rng, &mut self.cum, &mut self.mu, self.eta, self.tau);
+        let keep = self.cut(c).unwrap_or(c.len()).max(1);
+        let u = self.draw(keep);
+        self.finish(c, keep, u, |_, _| true);
         Ok(())
     }
 

@@ -149,6 +149,9 @@ pub(crate) struct Scratch {
     pub(crate) view_desc: Vec<u32>,
     /// A min-heap of block maxima (threshold selection).
     heap: Vec<f32>,
+    /// The row's top entries in descending order, their logits in the `logprob` fields
+    /// ([`sorted_softmax_top`]'s sum).
+    top_logits: Vec<crate::logprobs::TokenLogprob>,
     /// Per-block f64 sums of weights (`dist`).
     pub(crate) block_sums: Vec<f64>,
     /// One block of weights (or a whole row's, sorted: `draw_by_sorting`).
@@ -393,9 +396,10 @@ fn patch_plan(stages: &[Stage]) -> Option<PatchPlan> {
         match (stage, temperature) {
             (Stage::Penalties(_) | Stage::LogitBias(_), None) => edits = true,
             (Stage::Temperature(t), None) if t.t() > 0.0 => temperature = Some((i, t.t())),
-            (Stage::TopP(_) | Stage::TopK(_) | Stage::MinP(_), Some((_, div))) => {
-                return Some(PatchPlan { first: i, div })
-            }
+            (
+                Stage::TopP(_) | Stage::TopK(_) | Stage::MinP(_) | Stage::Mirostat(_) | Stage::MirostatV2(_),
+                Some((_, div)),
+            ) => return Some(PatchPlan { first: i, div }),
             (Stage::TopK(_) | Stage::MinP(_) | Stage::Greedy(_), None) => return None,
             (_, None) if edits => return Some(PatchPlan { first: i, div: 1.0 }),
             // The temperature stays a stage (`dist` reads the row through it).
@@ -509,6 +513,13 @@ fn dispatch(
         Some(Stage::TopP(t)) if s.overlay.is_empty() => {
             let (p, min_keep) = t.params();
             top_p(p, min_keep, r, summary, s, c)
+        }
+        Some(Stage::Mirostat(_) | Stage::MirostatV2(_)) if s.overlay.is_empty() => {
+            if let Some(done) = mirostat(stages, first, r, summary, s, c, need)? {
+                return Ok(done);
+            }
+            s.path = Path::Fallback(stages[first].name());
+            return Ok(array(r, s.row_applied, c));
         }
         Some(stage)
             if need == Need::Token && s.overlay.is_empty() && stage.convention() == Convention::Transformers =>
@@ -1284,6 +1295,146 @@ const PAST_THE_CUT: usize = 16;
 /// than starting at 2^-4 or 2^-3; past the third try the rounding bounds, not the tiers,
 /// set the interval.
 const TOP_P_FAR_MASSES: [f64; 3] = [1.0 / 4.0, 1.0 / 32.0, 1.0 / 512.0];
+
+/// llama.cpp's full sort and f32 softmax of the row `r` (maximum `max`), as far as its top
+/// entries: at least `need` of them (all at or above some threshold) into `c` (begun, flagged
+/// sorted), in descending order, each with `p = expf(x - max) / S` where `S` is the f32 sum of
+/// every entry's `expf(x - max)` in that order. `false` (and `c` unspecified) where the entries
+/// cannot be bounded by the block maxima, or where the order of the rest could change `S`.
+///
+/// `S` is summed over those entries in order, then from there over the rest of the row in any
+/// order ([`ServerOrder::rest_unordered`](crate::logprobs::ServerOrder::rest_unordered)): it
+/// certifies that no order of the remaining weights changes the sum, so the descending one
+/// gives it too. Equal values need no order here (their weights are equal); which of them
+/// sits where is for the caller to check.
+fn sorted_softmax_top(need: usize, r: &[f32], max: f32, s: &mut Scratch, c: &mut Candidates) -> bool {
+    if gather_top(need, r, s).is_none() {
+        return false;
+    }
+    let (g, keys) = (&s.gathered, &mut s.gathered_ranks);
+    rank_keys(g, keys);
+    keys.sort_unstable();
+    let top = &mut s.top_logits;
+    top.clear();
+    top.extend(keys.iter().map(|&key| {
+        let t = g[key as u32 as usize];
+        crate::logprobs::TokenLogprob { token: t.id, logprob: t.logit }
+    }));
+    let mut sum = 0.0f32;
+    for t in top.iter() {
+        sum += (t.logprob - max).exp();
+    }
+    let Some(sum) = s.server_order.rest_unordered(r, max, &s.block_max, top, sum) else { return false };
+    c.begin(r.len());
+    c.data.extend(top.iter().map(|t| TokenData { id: t.token, logit: t.logprob, p: (t.logprob - max).exp() / sum }));
+    c.sorted = true;
+    true
+}
+
+/// The sizes of the row's top [`mirostat`] tries before it gives up: each try gathers and
+/// sorts about that many entries.
+const MIROSTAT_TOPS: [usize; 4] = [64, 1024, 8192, usize::MAX];
+
+/// `mirostat` or `mirostat_v2` at `first` on the untouched row (no overlay): both start with a
+/// full sort and softmax of the candidates, then keep a prefix, whose length v1 takes from the
+/// first `m` probabilities and v2 from the first surprise above `mu`. Only that prefix, one
+/// entry past it and the softmax sum are needed: [`sorted_softmax_top`] gives the top entries
+/// with their probabilities, in larger tries until the prefix and the entry after it are
+/// among them (the last try sorts the whole row, as the array path does, but by integer keys
+/// and without building the array first). Then the stage keeps, renormalises and draws as on the array.
+///
+/// llama.cpp's order among equal values is its sort's, which this does not replay; it moves
+/// only tokens, not values, so the draw picks the same position. Where the value there is
+/// held by another entry of the prefix or the one after it, the candidate array is built and
+/// the stage finishes on it with the same draw. `None` (before anything is drawn) where the
+/// row is too short or flat for the tries.
+///
+/// PERF: the candidate array's full sort cost 15 ms a token at V = 128,256 (`mirostat_v2`).
+fn mirostat(
+    stages: &mut [Stage],
+    first: usize,
+    r: &[f32],
+    summary: Summary,
+    s: &mut Scratch,
+    c: &mut Candidates,
+    need: Need,
+) -> Result<Option<Prepared>> {
+    if summary.max == f32::NEG_INFINITY || r.len() <= MIROSTAT_TOPS[0] {
+        return Ok(None);
+    }
+    // How many of the top entries the next try needs at least: v1's estimate reads `m`.
+    let mut want = match &stages[first] {
+        Stage::Mirostat(m) => m.estimate_reads(),
+        _ => 1,
+    };
+    for top in MIROSTAT_TOPS {
+        // A failed try (the rest's order could change the sum) may succeed with more entries
+        // summed in order; the last, the whole row, sums all of them so.
+        if !sorted_softmax_top(top.max(want).min(r.len()), r, summary.max, s, c) {
+            continue;
+        }
+        let whole = c.len() == r.len();
+        let keep = match &stages[first] {
+            Stage::Mirostat(m) if whole || c.len() >= want => {
+                let k = m.top_k_estimate(c) as usize; // at least 1
+                if k >= c.len() && !whole {
+                    // The prefix and the entry after it.
+                    want = k.saturating_add(1);
+                    continue;
+                }
+                k.min(c.len())
+            }
+            Stage::MirostatV2(m) => match m.cut(c) {
+                Some(keep) => keep.max(1),
+                None if whole => c.len(),
+                None => continue,
+            },
+            _ => continue,
+        };
+        // Equal values in the kept prefix, or at its end, are in the array path's sort order
+        // there, which only moves tokens between their positions: the token picked stands
+        // where no other entry of the prefix, nor the one after it, holds its value. The
+        // candidates themselves stand only without such ties.
+        let data = c.as_slice();
+        let tied = data[..(keep + 1).min(data.len())].windows(2).any(|w| w[0].logit == w[1].logit);
+        let after = data.get(keep).map(|t| t.logit);
+        let certain = |c: &Candidates, i: usize| {
+            let v = c.as_slice()[i].logit;
+            !tied
+                || (need == Need::Token
+                    && after != Some(v)
+                    && c.as_slice().iter().filter(|t| t.logit == v).count() == 1)
+        };
+        let (picked, u) = match &mut stages[first] {
+            Stage::Mirostat(m) => {
+                let u = m.draw(keep);
+                (m.finish(c, keep, u, certain), u)
+            }
+            Stage::MirostatV2(m) => {
+                let u = m.draw(keep);
+                (m.finish(c, keep, u, certain), u)
+            }
+            _ => unreachable!("matched above"),
+        };
+        if picked {
+            s.path = Path::Fast(stages[first].name());
+        } else {
+            // The array path's order, with the same draw.
+            s.path = Path::Fallback(stages[first].name());
+            c.fill_validated(r);
+            for stage in &mut stages[s.row_applied..first] {
+                stage.apply(c)?;
+            }
+            match &mut stages[first] {
+                Stage::Mirostat(m) => m.apply_drawn(c, u),
+                Stage::MirostatV2(m) => m.apply_drawn(c, u),
+                _ => unreachable!("matched above"),
+            }
+        }
+        return Ok(Some(Prepared::Built { applied: first + 1 }));
+    }
+    Ok(None)
+}
 
 /// `top_p(p, min_keep);dist` on the untouched row of more than 1024 entries, when sampling.
 /// `None`: not this chain (or the row is out of its range).
