@@ -105,7 +105,7 @@
 //! set, with every `p` as the array path computes it.
 
 use crate::arch::{self, Summary, BLOCK};
-use crate::candidates::{rank_keys, total_order_key, Candidates, TokenData};
+use crate::candidates::{rank_keys, sort_rank_keys, total_order_key, Candidates, TokenData};
 use crate::convention::{transformers, Convention};
 use crate::error::{Error, Result};
 use crate::logits::Logits;
@@ -152,6 +152,9 @@ pub(crate) struct Scratch {
     /// The row's top entries in descending order, their logits in the `logprob` fields
     /// ([`sorted_softmax_top`]'s sum).
     top_logits: Vec<crate::logprobs::TokenLogprob>,
+    /// How many candidates [`mirostat`] kept last time: its next tries start there (`mu`
+    /// moves a little per token).
+    mirostat_kept: usize,
     /// Per-block f64 sums of weights (`dist`).
     pub(crate) block_sums: Vec<f64>,
     /// One block of weights (or a whole row's, sorted: `draw_by_sorting`).
@@ -1313,7 +1316,7 @@ fn sorted_softmax_top(need: usize, r: &[f32], max: f32, s: &mut Scratch, c: &mut
     }
     let (g, keys) = (&s.gathered, &mut s.gathered_ranks);
     rank_keys(g, keys);
-    keys.sort_unstable();
+    let keys = sort_rank_keys(keys);
     let top = &mut s.top_logits;
     top.clear();
     top.extend(keys.iter().map(|&key| {
@@ -1362,11 +1365,13 @@ fn mirostat(
     if summary.max == f32::NEG_INFINITY || r.len() <= MIROSTAT_TOPS[0] {
         return Ok(None);
     }
-    // How many of the top entries the next try needs at least: v1's estimate reads `m`.
+    // How many of the top entries the next try needs at least: v1's estimate reads `m`, and
+    // the prefix kept last time (and the entry after it) is a good guess for this one's.
     let mut want = match &stages[first] {
         Stage::Mirostat(m) => m.estimate_reads(),
         _ => 1,
-    };
+    }
+    .max(s.mirostat_kept.saturating_add(1));
     for top in MIROSTAT_TOPS {
         // A failed try (the rest's order could change the sum) may succeed with more entries
         // summed in order; the last, the whole row, sums all of them so.
@@ -1405,6 +1410,7 @@ fn mirostat(
                     && after != Some(v)
                     && c.as_slice().iter().filter(|t| t.logit == v).count() == 1)
         };
+        s.mirostat_kept = keep;
         let (picked, u) = match &mut stages[first] {
             Stage::Mirostat(m) => {
                 let u = m.draw(keep);
