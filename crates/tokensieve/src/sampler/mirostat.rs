@@ -149,12 +149,12 @@ pub(super) fn draw_for(n: usize, rng: &mut StageRng) -> Option<f64> {
     (n >= 2).then(|| rng.uniform_f64())
 }
 
-/// The tail both mirostats share, after the cut: keep the first `keep` (at least one) of the
-/// sorted candidates, renormalise them, and pick one with `std::discrete_distribution` from the
-/// draw `u` ([`draw_for`] of the kept count). If `certain(c, picked)`, select it and move `mu`
-/// toward the target surprise, `mu -= eta * (-log2 p_selected - tau)` in f32, and return
-/// `true`; otherwise leave `mu` (a fast path that cannot vouch for the token).
-#[allow(clippy::too_many_arguments)]
+/// The tail both mirostats share, after the cut, on the sorted candidates with their softmax:
+/// keep the first `keep` (at least one) of them, renormalise them, and pick one with
+/// `std::discrete_distribution` from the draw `u` ([`draw_for`] of the kept count). If
+/// `certain(c, picked)`, select it and move `mu` toward the target surprise,
+/// `mu -= eta * (-log2 p_selected - tau)` in f32, and return `true`; otherwise leave `mu` (a
+/// fast path that cannot vouch for the token).
 pub(super) fn pick_and_update_mu(
     c: &mut Candidates,
     keep: usize,
@@ -164,8 +164,12 @@ pub(super) fn pick_and_update_mu(
     (eta, tau): (f32, f32),
     certain: impl FnOnce(&Candidates, usize) -> bool,
 ) -> bool {
-    c.truncate(keep.max(1));
-    llama_cpp::softmax(c, true);
+    let keep = keep.max(1);
+    if keep < c.len() {
+        c.truncate(keep);
+        llama_cpp::softmax(c, true);
+    }
+    // Otherwise the softmax again would compute the same probabilities from the same logits.
     let idx = llama_cpp::discrete_distribution(c.as_slice(), cum, || u.expect("a draw for two or more candidates"));
     if !certain(c, idx) {
         return false;

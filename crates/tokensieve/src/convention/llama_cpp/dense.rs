@@ -1323,13 +1323,19 @@ fn sorted_softmax_top(need: usize, r: &[f32], max: f32, s: &mut Scratch, c: &mut
         let t = g[key as u32 as usize];
         crate::logprobs::TokenLogprob { token: t.id, logprob: t.logit }
     }));
+    // The weights in order, exponentiated 8 or 16 at a time with the platform's `expf` bits.
+    let (xs, ws) = (&mut s.sorted, &mut s.weights);
+    xs.clear();
+    xs.extend(top.iter().map(|t| t.logprob));
+    ws.resize(xs.len(), 0.0);
+    arch::exp_shifted(xs, 1.0, max, ws);
     let mut sum = 0.0f32;
-    for t in top.iter() {
-        sum += (t.logprob - max).exp();
+    for &w in ws.iter() {
+        sum += w;
     }
     let Some(sum) = s.server_order.rest_unordered(r, max, &s.block_max, top, sum) else { return false };
     c.begin(r.len());
-    c.data.extend(top.iter().map(|t| TokenData { id: t.token, logit: t.logprob, p: (t.logprob - max).exp() / sum }));
+    c.data.extend(top.iter().zip(ws.iter()).map(|(t, &w)| TokenData { id: t.token, logit: t.logprob, p: w / sum }));
     c.sorted = true;
     true
 }
