@@ -695,6 +695,11 @@ fn hf_chain() -> impl Strategy<Value = String> {
         Just(";temperature(0.7);min_p(0.1,2);dist"),
         Just(";top_k(5);dist"),
         Just(";typical(0.9);dist"),
+        Just(";typical(0.5,3);top_p(0.9);dist"),
+        Just(";epsilon(0.0003);dist"),
+        Just(";min_p(0.05);epsilon(0.01,3);dist"),
+        Just(";eta(0.0003);dist"),
+        Just(";eta(0.05,60);dist"),
     ];
     (prefix, reduce, tail)
         .prop_map(|(p, r, t)| if r == "greedy" || r == "dist" { format!("{p}{r}") } else { format!("{p}{r}{t}") })

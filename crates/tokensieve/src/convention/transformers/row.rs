@@ -71,6 +71,9 @@ fn sparse_safe(stage: &Stage) -> bool {
                 | Stage::HfMinP(_)
                 | Stage::HfDist(_)
                 | Stage::HfGreedy(_)
+                | Stage::HfTypical(_)
+                | Stage::HfEpsilon(_)
+                | Stage::HfEta(_)
         )
 }
 

@@ -45,6 +45,19 @@ pub(crate) fn check(stage: &str, field: &str, epsilon: f64, min_tokens_to_keep: 
     super::require_min_tokens_to_keep(stage, min_tokens_to_keep)
 }
 
+/// Makes the row dense unless it is a sparse view, on which [`cut`] decides as on the dense
+/// row. A view leaves out `-inf` tokens only, whose weight is exactly 0: the softmax (the same
+/// nonzero weights summed in the same order) gives every token in the view the dense row's
+/// probability, and a left-out token (`p = 0`, logit `-inf`) goes in the dense row anyway.
+/// The `keep`-th largest logit is the view's where the view holds `keep` tokens; where it
+/// holds fewer, the dense row's is `-inf` and the view's its least, and below either no
+/// token of the view lies: nothing goes in both.
+pub(crate) fn view_or_dense(c: &mut Candidates) {
+    if !c.sparse {
+        ensure_dense(c);
+    }
+}
+
 /// Removes every token whose `p < cutoff` and whose logit is below the `keep`-th largest.
 pub(crate) fn cut(c: &mut Candidates, cutoff: f32, keep: usize) {
     let floor = kth_largest_logit(c, keep);
@@ -70,7 +83,7 @@ impl Sampler for Epsilon {
     }
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
-        ensure_dense(c);
+        view_or_dense(c);
         softmax(&mut c.data);
         cut(c, self.epsilon, self.min_tokens_to_keep);
         Ok(())

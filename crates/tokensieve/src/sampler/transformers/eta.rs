@@ -15,7 +15,7 @@
 //! Spec: `eta(epsilon, min_tokens_to_keep)` (default 1); `eta_cutoff=` is accepted.
 
 use crate::candidates::Candidates;
-use crate::convention::transformers::{ensure_dense, fl32, max_logit, softmax};
+use crate::convention::transformers::{fl32, max_logit, softmax};
 use crate::error::Result;
 use crate::params::spec::Bound;
 use crate::sampler::transformers::epsilon::{check, cut};
@@ -71,7 +71,8 @@ impl Sampler for Eta {
     }
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
-        ensure_dense(c);
+        // The entropy is a view's too: a left-out token adds `f32::MIN * 0 = -0.0` to it.
+        super::epsilon::view_or_dense(c);
         if !max_logit(&c.data).is_finite() {
             return Ok(()); // all -inf: NaN probabilities, nothing is removed
         }

@@ -139,3 +139,69 @@ pub(crate) mod test_util {
         c.as_slice().iter().map(|t| (t.id, t.logit.to_bits(), t.p.to_bits())).collect()
     }
 }
+
+/// The processors that work on the row path's sparse view (`typical`, `epsilon`, `eta`) against
+/// the same processor on the dense row.
+#[cfg(test)]
+mod view_tests {
+    use super::test_util::{adversarial_row, cands};
+    use crate::candidates::Candidates;
+    use crate::sampler::{Sampler, Stage};
+    use proptest::prelude::*;
+
+    /// The row's finite entries as the row path leaves them: a sparse view, in id order.
+    fn view(row: &[f32]) -> Candidates {
+        let mut c = cands(row);
+        c.data.retain(|t| t.logit != f32::NEG_INFINITY);
+        c.sparse = true;
+        c
+    }
+
+    /// On a sparse view (a row masked but for some entries, as after `top_k`, or with every
+    /// entry finite), `typical`, `epsilon` and `eta` remove exactly the tokens they remove on
+    /// the dense row, whether the view decides itself or falls back to the dense row; and on
+    /// views without ties, `typical` decides on the view.
+    #[test]
+    fn view_processors_remove_what_the_dense_row_loses() {
+        let masked = (adversarial_row(), any::<u64>()).prop_map(|(mut row, seed)| {
+            // Keep about one entry in eight, at least one.
+            let mut state = seed | 1;
+            for x in row.iter_mut().skip(1) {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                if state % 8 != 0 {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+            row
+        });
+        let rows = prop_oneof![1 => adversarial_row(), 2 => masked];
+        let spec = prop::sample::select(vec![
+            "typical(0.9)",
+            "typical(0.5,3)",
+            "typical(0.999)",
+            "typical(0.2,40)",
+            "epsilon(0.0003)",
+            "epsilon(0.2,3)",
+            "epsilon(0.01,60)",
+            "eta(0.0003)",
+            "eta(0.3,2)",
+            "eta(0.05,60)",
+        ]);
+        tokensieve_testkit::proptest_support::check("hf_view_processors", 512, (rows, spec), |(row, spec)| {
+            let ctx = crate::sampler::BuildContext::new(row.len(), crate::rng::RngConfig::philox(0))
+                .with_convention(crate::convention::Convention::Transformers);
+            let mut stage: Stage = crate::Chain::from_spec_for_apply(spec, &ctx).unwrap().stages()[0].clone();
+            let mut dense = cands(&row);
+            stage.apply(&mut dense).unwrap();
+            let mut sparse = view(&row);
+            stage.apply(&mut sparse).unwrap();
+            let viewed = sparse.sparse;
+            crate::convention::transformers::ensure_dense(&mut sparse);
+            let finite = |c: &Candidates| c.as_slice().iter().map(|t| t.logit.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(finite(&sparse), finite(&dense), "{} (decided on the view: {})", spec, viewed);
+            Ok(())
+        });
+    }
+}

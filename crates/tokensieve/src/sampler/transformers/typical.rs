@@ -60,10 +60,30 @@ impl Sampler for Typical {
     }
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
-        ensure_dense(c);
+        if !(c.sparse && self.remove_atypical(c)) {
+            ensure_dense(c);
+            let done = self.remove_atypical(c);
+            debug_assert!(done, "a dense row always decides");
+        }
+        Ok(())
+    }
+}
+
+impl Typical {
+    /// The removal, on the dense row or on a sparse view; `false` (a view untouched) where
+    /// only the dense row can decide.
+    ///
+    /// A view leaves out `-inf` tokens only. Their weights are exactly 0 and their entropy
+    /// terms NaN (dropped), so the sums are the dense row's; their scores are `+inf`, sorted
+    /// after every finite one, with no mass. So the cut is the dense row's: within the view's
+    /// finite scores, or (where their mass stays below `mass`) at a `+inf` score, which
+    /// removes nothing, as the view's own last score does. What the view cannot give is
+    /// torch's order among equal finite scores, which comes from sorting the dense row: a
+    /// view with any declines.
+    fn remove_atypical(&self, c: &mut Candidates) -> bool {
         let max = max_logit(&c.data);
         if !max.is_finite() {
-            return Ok(()); // all -inf: NaN everywhere, torch removes nothing
+            return true; // all -inf: NaN everywhere, torch removes nothing
         }
         // log_softmax: (z - max) - ln(sum exp(z - max)), in f32 as torch writes it.
         let sum: f64 = c.data.iter().map(|t| ((t.logit - max) as f64).exp()).sum();
@@ -87,6 +107,10 @@ impl Sampler for Typical {
             p: 0.0,
         }));
         sort_ascending(&mut buf);
+        if c.sparse && buf.windows(2).any(|w| w[0].logit == w[1].logit && w[0].logit.is_finite()) {
+            c.scratch = buf;
+            return false;
+        }
         // softmax of the logits gathered in sorted order (same max), then the cumsum.
         let mut sorted_sum = 0.0f64;
         for t in &buf {
@@ -108,7 +132,7 @@ impl Sampler for Typical {
             }
         }
         c.scratch = buf;
-        Ok(())
+        true
     }
 }
 
