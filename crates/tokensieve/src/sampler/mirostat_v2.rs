@@ -57,11 +57,32 @@ impl MirostatV2 {
     }
 }
 
+/// `-log2f(p) > mu`, with `log2f` called only where `p`'s binade decides nothing.
+///
+/// For `p` in `[2^e, 2^(e+1))`, `log2f(p)` lies in `[e, e + 1]`: both ends are exact f32
+/// integers, and a `log2f` within an ulp of the true value (glibc's is within 0.8) cannot
+/// round past one. So `-log2f(p)` lies in `[-(e + 1), -e]`, and only a binade whose range
+/// holds `mu` needs the call. Over a whole row this is one call or none instead of one per
+/// token (the cut scans every kept token: all of them once `mu` has grown).
+#[inline]
+pub(crate) fn surprise_exceeds(p: f32, mu: f32) -> bool {
+    if p >= f32::MIN_POSITIVE && p.is_finite() && mu.is_finite() {
+        let e = ((p.to_bits() >> 23) & 0xff) as i32 - 127;
+        if -(e as f32) <= mu {
+            return false;
+        }
+        if -((e + 1) as f32) > mu {
+            return true;
+        }
+    }
+    -p.log2() > mu
+}
+
 impl MirostatV2 {
     /// On sorted candidates with their softmax: the position of the first whose surprise
     /// `-log2(p)` exceeds `mu` (`None`: none does).
     pub(crate) fn cut(&self, c: &Candidates) -> Option<usize> {
-        c.as_slice().iter().position(|t| -t.p.log2() > self.mu)
+        c.as_slice().iter().position(|t| surprise_exceeds(t.p, self.mu))
     }
 
     /// The draw for keeping the first `keep` of the candidates (see
@@ -129,6 +150,35 @@ impl FromSpec for MirostatV2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`surprise_exceeds`] is `-log2f(p) > mu` on probabilities across every binade (powers
+    /// of two and their neighbours, subnormals, 0, 1, NaN) against cuts at, between and near
+    /// integers and powers of two.
+    #[test]
+    fn surprise_exceeds_is_the_plain_comparison() {
+        let mut ps = vec![0.0f32, f32::MIN_POSITIVE, 1e-40, 1.0, 0.5, f32::NAN, f32::INFINITY];
+        for e in -130..=1 {
+            let x = 2f32.powi(e);
+            ps.extend([x, x.next_up(), x.next_down(), x * 1.5, x * 1.999_999, x * 1.000_001]);
+        }
+        let mut state = 0x9e37_79b9u32;
+        for _ in 0..20_000 {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            ps.push(f32::from_bits(state % 0x3f80_0001)); // (0, 1]
+        }
+        let mut mus = vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, -3.0, 1e-30];
+        for k in 0..=130 {
+            let m = k as f32;
+            mus.extend([m, m.next_up(), m.next_down(), m + 0.5, m + 0.25, m + 1e-3]);
+        }
+        for &mu in &mus {
+            for &p in &ps {
+                assert_eq!(surprise_exceeds(p, mu), -p.log2() > mu, "p {p:e} ({:#x}) mu {mu}", p.to_bits());
+            }
+        }
+    }
 
     #[test]
     fn truncates_by_surprise_keeping_at_least_one() {
