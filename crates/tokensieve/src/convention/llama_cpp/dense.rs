@@ -64,7 +64,11 @@
 //!      then with every block, exponentiating only the blocks each try adds. If even that
 //!      cannot decide, block sums of the exact `expf` weights (error bound ~V·2^-52) try
 //!      again, and after them the array path finishes with the same draw. The approximation
-//!      only narrows down where the draw lands; the token is always llama.cpp's.
+//!      only narrows down where the draw lands; the token is always llama.cpp's;
+//!    * `mirostat` and `mirostat_v2` (no overlay): the full sort and softmax they start with,
+//!      as far as the prefix they keep: the row's top entries sorted, their f32 softmax sum
+//!      added in order and certified over the rest of the row in any order, in larger tries
+//!      until the prefix and the entry after it are among them (see `mirostat`).
 //!
 //! A chain whose first stage follows the transformers convention goes to
 //! `convention::transformers::row` (crate-private) after step 1.
