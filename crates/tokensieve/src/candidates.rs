@@ -57,22 +57,27 @@ pub(crate) fn sort_rank_keys(keys: &mut Vec<u64>) -> &[u64] {
         return keys;
     }
     debug_assert!(keys.windows(2).all(|w| w[0] as u32 <= w[1] as u32), "the low halves out of order");
-    const BITS: u32 = 8;
-    const MASK: u64 = (1 << BITS) - 1;
-    let digit = |k: u64, pass: usize| ((k >> (32 + BITS * pass as u32)) & MASK) as usize;
-    let mut counts = [[0u32; 1 << BITS]; 4];
+    lsd_radix_sort(keys, |k, pass| ((k >> (32 + 8 * pass)) & 0xff) as usize)
+}
+
+/// A stable LSD radix sort of `keys` by four 8-bit digits, `digit(key, pass)` for pass 0
+/// (least significant) to 3, using `keys` itself as scratch (it is left twice as long);
+/// returns the sorted keys. A pass in which every key has the same digit is skipped.
+pub(crate) fn lsd_radix_sort<K: Copy + Default>(keys: &mut Vec<K>, digit: impl Fn(K, usize) -> usize) -> &[K] {
+    let m = keys.len();
+    let mut counts = [[0u32; 256]; 4];
     for &k in keys.iter() {
         for (pass, count) in counts.iter_mut().enumerate() {
             count[digit(k, pass)] += 1;
         }
     }
-    keys.resize(2 * m, 0);
+    keys.resize(2 * m, K::default());
     let (mut src, mut dst) = keys.split_at_mut(m);
     for (pass, count) in counts.iter().enumerate() {
         if count.iter().any(|&c| c as usize == m) {
             continue; // every key has the same digit here: the pass would not move anything
         }
-        let mut offsets = [0u32; 1 << BITS];
+        let mut offsets = [0u32; 256];
         let mut at = 0u32;
         for (o, &c) in offsets.iter_mut().zip(count.iter()) {
             *o = at;

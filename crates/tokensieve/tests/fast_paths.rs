@@ -738,6 +738,18 @@ struct Tally {
     steps: usize,
 }
 
+impl Tally {
+    /// Counts one step that took `path`.
+    fn note(&mut self, path: Path) {
+        match path {
+            Path::Fast(_) => self.fast += 1,
+            Path::Fallback(_) => self.fell_back += 1,
+            Path::Array => self.array += 1,
+        }
+        self.steps += 1;
+    }
+}
+
 /// `chain` and `stages` (a copy of its stages for the array path) accept `history`, then
 /// `chain` samples `row` 40 times, each token checked against the array path (and accepted by
 /// both); the paths it took are added to `tally`.
@@ -757,12 +769,7 @@ fn run_against_array_path(
         let want = array_path(stages, row).unwrap().selected_token().unwrap();
         let got = chain.sample(row).unwrap();
         assert_eq!(got, want, "{label}, step {step}");
-        match chain.last_path() {
-            Path::Fast(_) => tally.fast += 1,
-            Path::Fallback(_) => tally.fell_back += 1,
-            Path::Array => tally.array += 1,
-        }
-        tally.steps += 1;
+        tally.note(chain.last_path());
         stages.iter_mut().for_each(|s| s.accept(got));
     }
 }
@@ -1282,12 +1289,7 @@ fn mirostat_reads_the_top_of_the_row() {
                 // Sampling on the rows without ties (the tied ones finish on the array when
                 // the picked value is tied, which is most of the time there).
                 if matches!(kind, RowKind::Peaked | RowKind::Gaussian) {
-                    match chain.last_path() {
-                        Path::Fast(_) => tally.fast += 1,
-                        Path::Fallback(_) => tally.fell_back += 1,
-                        Path::Array => tally.array += 1,
-                    }
-                    tally.steps += 1;
+                    tally.note(chain.last_path());
                 }
                 stages.iter_mut().for_each(|s| s.accept(got));
             }

@@ -304,34 +304,7 @@ pub(crate) fn sort_keys(keys: &mut Vec<u32>) -> &[u32] {
         return keys;
     }
     // Four passes of 8 bits: 256 scatter streams per pass stay cache-friendly.
-    const BITS: u32 = 8;
-    const MASK: u32 = (1 << BITS) - 1;
-    let mut counts = [[0u32; 1 << BITS]; 32u32.div_ceil(BITS) as usize];
-    for &k in keys.iter() {
-        for (pass, count) in counts.iter_mut().enumerate() {
-            count[((k >> (BITS * pass as u32)) & MASK) as usize] += 1;
-        }
-    }
-    keys.resize(2 * m, 0);
-    let (mut src, mut dst) = keys.split_at_mut(m);
-    for (pass, count) in counts.iter().enumerate() {
-        if count.iter().any(|&c| c as usize == m) {
-            continue; // every key has the same digit here: the pass would not move anything
-        }
-        let mut offsets = [0u32; 1 << BITS];
-        let mut at = 0u32;
-        for (o, &c) in offsets.iter_mut().zip(count.iter()) {
-            *o = at;
-            at += c;
-        }
-        for &k in src.iter() {
-            let d = ((k >> (BITS * pass as u32)) & MASK) as usize;
-            dst[offsets[d] as usize] = k;
-            offsets[d] += 1;
-        }
-        std::mem::swap(&mut src, &mut dst);
-    }
-    src
+    crate::candidates::lsd_radix_sort(keys, |k, pass| ((k >> (8 * pass)) & 0xff) as usize)
 }
 
 /// Masks token `i` (HF's `masked_fill(mask, -inf)`).
