@@ -94,32 +94,6 @@ impl Mirostat {
         usize::try_from(self.m as i64 - 1).map_or(usize::MAX, |limit| limit + 1)
     }
 
-    /// The draw for keeping the first `keep` of the candidates (see [`pick_and_update_mu`]).
-    pub(crate) fn draw(&mut self, keep: usize) -> Option<f64> {
-        draw_for(keep, &mut self.rng)
-    }
-
-    /// The rest of `apply` after the estimate, on the sorted candidates with their softmax:
-    /// keeps the first `keep` (`min(k, len)`), renormalises them, picks one with the draw `u`
-    /// ([`draw`](Self::draw)), and where `certain(c, picked)`, selects it and updates `mu`
-    /// ([`pick_and_update_mu`]).
-    pub(crate) fn finish(
-        &mut self,
-        c: &mut Candidates,
-        keep: usize,
-        u: Option<f64>,
-        certain: impl FnOnce(&Candidates, usize) -> bool,
-    ) -> bool {
-        pick_and_update_mu(c, keep, u, &mut self.cum, &mut self.mu, (self.eta, self.tau), certain)
-    }
-
-    /// `apply` after the checks, with the draw `u` already made (see [`finish`](Self::finish)).
-    pub(crate) fn apply_drawn(&mut self, c: &mut Candidates, u: Option<f64>) {
-        llama_cpp::softmax(c, true);
-        let keep = (self.top_k_estimate(c) as usize).min(c.len());
-        self.finish(c, keep, u, |_, _| true);
-    }
-
     /// llama.cpp's `k` estimate on sorted candidates with fresh probabilities, reading the
     /// first [`estimate_reads`](Self::estimate_reads) of them (all, if fewer).
     pub(crate) fn top_k_estimate(&self, c: &Candidates) -> i32 {
@@ -143,41 +117,70 @@ impl Mirostat {
     }
 }
 
-/// A draw for `std::discrete_distribution` over `n` candidates: one uniform, none for fewer
-/// than two.
-pub(super) fn draw_for(n: usize, rng: &mut StageRng) -> Option<f64> {
-    (n >= 2).then(|| rng.uniform_f64())
+/// What both mirostats do after their full sort and softmax: choose how many of the sorted
+/// candidates to keep (v1 from its `k` estimate, v2 at the first surprise above `mu`), keep
+/// them, renormalise them, draw with `std::discrete_distribution` (no draw for a single
+/// candidate), select, and move `mu` toward the target surprise,
+/// `mu -= eta * (-log2 p_selected - tau)` in f32. Split so that a fast path can make the draw
+/// first and finish on the array with it where it cannot vouch for the token.
+pub(crate) trait MuFeedback {
+    /// How many of the sorted candidates (with their softmax) to keep: at least one, at most
+    /// all.
+    fn keep(&self, c: &Candidates) -> usize;
+
+    /// The stage's draw stream, its scratch, `mu`, and `(eta, tau)`.
+    fn feedback(&mut self) -> (&mut StageRng, &mut Vec<f64>, &mut f32, (f32, f32));
+
+    /// The draw for keeping `keep` candidates: one uniform, none for fewer than two.
+    fn draw(&mut self, keep: usize) -> Option<f64> {
+        (keep >= 2).then(|| self.feedback().0.uniform_f64())
+    }
+
+    /// Keeps the first `keep` of the sorted candidates (with their softmax), renormalises them
+    /// and picks one with the draw `u` ([`draw`](Self::draw)). If `certain(c, picked)`, selects
+    /// it, moves `mu` and returns `true`; otherwise leaves `mu` (the candidates are changed).
+    fn finish(
+        &mut self,
+        c: &mut Candidates,
+        keep: usize,
+        u: Option<f64>,
+        certain: &dyn Fn(&Candidates, usize) -> bool,
+    ) -> bool {
+        let keep = keep.max(1);
+        if keep < c.len() {
+            c.truncate(keep);
+            llama_cpp::softmax(c, true);
+        }
+        // Otherwise the softmax again would compute the same probabilities from the same logits.
+        let (_, cum, mu, (eta, tau)) = self.feedback();
+        let idx = llama_cpp::discrete_distribution(c.as_slice(), cum, || u.expect("a draw for two or more candidates"));
+        if !certain(c, idx) {
+            return false;
+        }
+        c.set_selected(Some(idx));
+        let observed_surprise = -c.as_slice()[idx].p.log2();
+        *mu -= eta * (observed_surprise - tau);
+        true
+    }
+
+    /// `apply` after its checks, with the draw `u` made already: `None` draws now.
+    fn apply_drawn(&mut self, c: &mut Candidates, u: Option<Option<f64>>) {
+        llama_cpp::softmax(c, true);
+        let keep = self.keep(c);
+        let u = u.unwrap_or_else(|| self.draw(keep));
+        self.finish(c, keep, u, &|_, _| true);
+    }
 }
 
-/// The tail both mirostats share, after the cut, on the sorted candidates with their softmax:
-/// keep the first `keep` (at least one) of them, renormalise them, and pick one with
-/// `std::discrete_distribution` from the draw `u` ([`draw_for`] of the kept count). If
-/// `certain(c, picked)`, select it and move `mu` toward the target surprise,
-/// `mu -= eta * (-log2 p_selected - tau)` in f32, and return `true`; otherwise leave `mu` (a
-/// fast path that cannot vouch for the token).
-pub(super) fn pick_and_update_mu(
-    c: &mut Candidates,
-    keep: usize,
-    u: Option<f64>,
-    cum: &mut Vec<f64>,
-    mu: &mut f32,
-    (eta, tau): (f32, f32),
-    certain: impl FnOnce(&Candidates, usize) -> bool,
-) -> bool {
-    let keep = keep.max(1);
-    if keep < c.len() {
-        c.truncate(keep);
-        llama_cpp::softmax(c, true);
+impl MuFeedback for Mirostat {
+    fn keep(&self, c: &Candidates) -> usize {
+        // `top_k(k)` on sorted candidates: the first `min(k, len)` (k >= 1).
+        (self.top_k_estimate(c) as usize).min(c.len())
     }
-    // Otherwise the softmax again would compute the same probabilities from the same logits.
-    let idx = llama_cpp::discrete_distribution(c.as_slice(), cum, || u.expect("a draw for two or more candidates"));
-    if !certain(c, idx) {
-        return false;
+
+    fn feedback(&mut self) -> (&mut StageRng, &mut Vec<f64>, &mut f32, (f32, f32)) {
+        (&mut self.rng, &mut self.cum, &mut self.mu, (self.eta, self.tau))
     }
-    c.set_selected(Some(idx));
-    let observed_surprise = -c.as_slice()[idx].p.log2();
-    *mu -= eta * (observed_surprise - tau);
-    true
 }
 
 impl Sampler for Mirostat {
@@ -187,11 +190,7 @@ impl Sampler for Mirostat {
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
         require_finite_candidate("mirostat", c)?;
-        llama_cpp::softmax(c, true);
-        // `top_k(k)` on sorted candidates: the first `min(k, len)` (k >= 1).
-        let keep = (self.top_k_estimate(c) as usize).min(c.len());
-        let u = self.draw(keep);
-        self.finish(c, keep, u, |_, _| true);
+        self.apply_drawn(c, None);
         Ok(())
     }
 

@@ -3,9 +3,9 @@
 //! llama.cpp convention (`llama_sampler_init_mirostat_v2`, commit 0c1e570), bit for bit:
 //!
 //! * Defaults: `tau = 5`, `eta = 0.1`. State: `mu = 2 * tau`.
-//! * Apply: full sort + f32 softmax ([`llama_cpp::softmax`]); keep the candidates before the
+//! * Apply: full sort + f32 softmax ([`llama_cpp::softmax`](crate::convention::llama_cpp::softmax)); keep the candidates before the
 //!   first one whose surprise `-log2(p)` (f32 `log2f`) exceeds `mu`, at least one; softmax
-//!   again; draw with [`llama_cpp::discrete_distribution`]; then
+//!   again; draw with [`llama_cpp::discrete_distribution`](crate::convention::llama_cpp::discrete_distribution); then
 //!   `mu ← mu - eta · (-log2(p_selected) - tau)`. `mu` is updated **in apply**, as in
 //!   llama.cpp; accept only advances the RNG step.
 //! * A NaN probability (stale sorted flag from an earlier stage) never exceeds `mu`, so it is
@@ -20,7 +20,8 @@
 
 use super::{require_finite, require_finite_candidate, BuildContext, FromSpec, Sampler};
 use crate::candidates::Candidates;
-use crate::convention::llama_cpp;
+
+use super::mirostat::MuFeedback;
 use crate::error::Result;
 use crate::params::spec::Bound;
 use crate::rng::{RngConfig, StageRng, Stream};
@@ -84,31 +85,15 @@ impl MirostatV2 {
     pub(crate) fn cut(&self, c: &Candidates) -> Option<usize> {
         c.as_slice().iter().position(|t| surprise_exceeds(t.p, self.mu))
     }
+}
 
-    /// The draw for keeping the first `keep` of the candidates (see
-    /// [`pick_and_update_mu`](super::mirostat::pick_and_update_mu)).
-    pub(crate) fn draw(&mut self, keep: usize) -> Option<f64> {
-        super::mirostat::draw_for(keep, &mut self.rng)
+impl MuFeedback for MirostatV2 {
+    fn keep(&self, c: &Candidates) -> usize {
+        self.cut(c).unwrap_or(c.len()).max(1)
     }
 
-    /// The rest of `apply` after the cut, on the sorted candidates with their softmax: keeps
-    /// the first `keep` (at least one), renormalises them, picks one with the draw `u`
-    /// ([`draw`](Self::draw)), and where `certain(c, picked)`, selects it and updates `mu`.
-    pub(crate) fn finish(
-        &mut self,
-        c: &mut Candidates,
-        keep: usize,
-        u: Option<f64>,
-        certain: impl FnOnce(&Candidates, usize) -> bool,
-    ) -> bool {
-        super::mirostat::pick_and_update_mu(c, keep, u, &mut self.cum, &mut self.mu, (self.eta, self.tau), certain)
-    }
-
-    /// `apply` after the checks, with the draw `u` already made (see [`finish`](Self::finish)).
-    pub(crate) fn apply_drawn(&mut self, c: &mut Candidates, u: Option<f64>) {
-        llama_cpp::softmax(c, true);
-        let keep = self.cut(c).unwrap_or(c.len()).max(1);
-        self.finish(c, keep, u, |_, _| true);
+    fn feedback(&mut self) -> (&mut StageRng, &mut Vec<f64>, &mut f32, (f32, f32)) {
+        (&mut self.rng, &mut self.cum, &mut self.mu, (self.eta, self.tau))
     }
 }
 
@@ -119,10 +104,7 @@ impl Sampler for MirostatV2 {
 
     fn apply(&mut self, c: &mut Candidates) -> Result<()> {
         require_finite_candidate("mirostat_v2", c)?;
-        llama_cpp::softmax(c, true);
-        let keep = self.cut(c).unwrap_or(c.len()).max(1);
-        let u = self.draw(keep);
-        self.finish(c, keep, u, |_, _| true);
+        self.apply_drawn(c, None);
         Ok(())
     }
 

@@ -114,6 +114,7 @@ use crate::convention::{transformers, Convention};
 use crate::error::{Error, Result};
 use crate::logits::Logits;
 use crate::sampler::dist::Dist;
+use crate::sampler::mirostat::MuFeedback;
 use crate::sampler::penalties::Penalties;
 use crate::sampler::{Sampler, Stage};
 use crate::stdsort;
@@ -1421,18 +1422,9 @@ fn mirostat(
                     && c.as_slice().iter().filter(|t| t.logit == v).count() == 1)
         };
         s.mirostat_kept = keep;
-        let (picked, u) = match &mut stages[first] {
-            Stage::Mirostat(m) => {
-                let u = m.draw(keep);
-                (m.finish(c, keep, u, certain), u)
-            }
-            Stage::MirostatV2(m) => {
-                let u = m.draw(keep);
-                (m.finish(c, keep, u, certain), u)
-            }
-            _ => unreachable!("matched above"),
-        };
-        if picked {
+        let m = mu_feedback(&mut stages[first]);
+        let u = m.draw(keep);
+        if m.finish(c, keep, u, &certain) {
             s.path = Path::Fast(stages[first].name());
         } else {
             // The array path's order, with the same draw.
@@ -1441,15 +1433,20 @@ fn mirostat(
             for stage in &mut stages[s.row_applied..first] {
                 stage.apply(c)?;
             }
-            match &mut stages[first] {
-                Stage::Mirostat(m) => m.apply_drawn(c, u),
-                Stage::MirostatV2(m) => m.apply_drawn(c, u),
-                _ => unreachable!("matched above"),
-            }
+            mu_feedback(&mut stages[first]).apply_drawn(c, Some(u));
         }
         return Ok(Some(Prepared::Built { applied: first + 1 }));
     }
     Ok(None)
+}
+
+/// A `mirostat` or `mirostat_v2` stage's shared tail.
+fn mu_feedback(stage: &mut Stage) -> &mut dyn MuFeedback {
+    match stage {
+        Stage::Mirostat(m) => m,
+        Stage::MirostatV2(m) => m,
+        _ => unreachable!("only called on a mirostat stage"),
+    }
 }
 
 /// `top_p(p, min_keep);dist` on the untouched row of more than 1024 entries, when sampling.
