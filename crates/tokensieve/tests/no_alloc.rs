@@ -136,6 +136,10 @@ const TRANSFORMERS_CHAINS: &[&str] = &[
     "greedy",
     // Masks written into a reused copy of the row.
     "suppress_tokens(1 2 3);temperature(0.8);top_p(0.95);dist",
+    // The warpers after `top_k` on the view it leaves.
+    "temperature(0.8);top_k(50);typical(0.9);dist",
+    "temperature(0.8);top_k(50);epsilon(0.0003);dist",
+    "temperature(0.8);top_k(50);eta(0.0003);dist",
 ];
 
 #[test]
@@ -154,6 +158,27 @@ fn transformers_sampling_allocates_nothing_after_warm_up() {
             }
         });
         assert_eq!(n, 0, "transformers `{spec}` allocated {n} times in 16 tokens after warm-up");
+    }
+}
+
+/// llama.cpp's mirostats on the row's top entries: on the same peaked row over and over, `mu`
+/// climbs until the whole row is kept (by step 120 or so), after which every buffer has its
+/// size.
+#[test]
+fn mirostat_allocates_nothing_once_mu_has_settled() {
+    let vocab = 32_000;
+    let row = generate::row(RowKind::Peaked, vocab, 7);
+    for spec in ["mirostat_v2(5,0.1)", "temperature(0.8);mirostat_v2(5,0.1)", "mirostat(5,0.1,100)"] {
+        let mut chain = Chain::from_spec(spec, &BuildContext::new(vocab, RngConfig::mt19937(3))).unwrap();
+        for step in 0..200 {
+            chain.sample(&row).unwrap_or_else(|e| panic!("{spec}, warm-up step {step}: {e}"));
+        }
+        let n = allocations(|| {
+            for _ in 0..16 {
+                chain.sample(&row).unwrap();
+            }
+        });
+        assert_eq!(n, 0, "`{spec}` allocated {n} times in 16 tokens after warm-up");
     }
 }
 
