@@ -3,9 +3,9 @@
 //! llama.cpp convention (`llama_sampler_init_mirostat_v2`, commit 0c1e570), bit for bit:
 //!
 //! * Defaults: `tau = 5`, `eta = 0.1`. State: `mu = 2 * tau`.
-//! * Apply: full sort + f32 softmax ([`llama_cpp::softmax`](crate::convention::llama_cpp::softmax)); keep the candidates before the
+//! * Apply: full sort + f32 softmax ([`llama_cpp::softmax`]); keep the candidates before the
 //!   first one whose surprise `-log2(p)` (f32 `log2f`) exceeds `mu`, at least one; softmax
-//!   again; draw with [`llama_cpp::discrete_distribution`](crate::convention::llama_cpp::discrete_distribution); then
+//!   again; draw with [`llama_cpp::discrete_distribution`]; then
 //!   `mu ← mu - eta · (-log2(p_selected) - tau)`. `mu` is updated **in apply**, as in
 //!   llama.cpp; accept only advances the RNG step.
 //! * A NaN probability (stale sorted flag from an earlier stage) never exceeds `mu`, so it is
@@ -17,11 +17,13 @@
 //!
 //! Where llama.cpp samples from NaN probabilities because every candidate is `-inf`,
 //! tokensieve returns an error ([`Error::is_no_candidates`](crate::Error::is_no_candidates)).
-
-use super::{require_finite, require_finite_candidate, BuildContext, FromSpec, Sampler};
-use crate::candidates::Candidates;
+//!
+//! [`llama_cpp::softmax`]: crate::convention::llama_cpp::softmax
+//! [`llama_cpp::discrete_distribution`]: crate::convention::llama_cpp::discrete_distribution
 
 use super::mirostat::MuFeedback;
+use super::{require_finite, require_finite_candidate, BuildContext, FromSpec, Sampler};
+use crate::candidates::Candidates;
 use crate::error::Result;
 use crate::params::spec::Bound;
 use crate::rng::{RngConfig, StageRng, Stream};

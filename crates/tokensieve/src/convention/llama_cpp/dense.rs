@@ -1355,7 +1355,8 @@ const MIROSTAT_TOPS: [usize; 4] = [64, 1024, 8192, usize::MAX];
 /// entry past it and the softmax sum are needed: [`sorted_softmax_top`] gives the top entries
 /// with their probabilities, in larger tries until the prefix and the entry after it are
 /// among them (the last try sorts the whole row, as the array path does, but by integer keys
-/// and without building the array first). Then the stage keeps, renormalises and draws as on the array.
+/// and without building the array first). Then the stage keeps, renormalises and draws as on
+/// the array.
 ///
 /// llama.cpp's order among equal values is its sort's, which this does not replay; it moves
 /// only tokens, not values, so the draw picks the same position. Where the value there is
