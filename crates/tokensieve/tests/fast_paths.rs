@@ -1256,6 +1256,7 @@ fn a_direct_dist_leaves_the_selected_probability_within_its_bound() {
 #[test]
 fn mirostat_reads_the_top_of_the_row() {
     let mut tally = Tally::default();
+    let mut drawn_in_top = 0;
     let specs = [
         "mirostat_v2(5,0.1)",
         "mirostat_v2(1,0.5)",
@@ -1264,6 +1265,9 @@ fn mirostat_reads_the_top_of_the_row() {
         "mirostat(5,0.1,100)",
         "temperature(0.8);mirostat(3,0.3,100)",
         "mirostat(8,0.2,10)",
+        // `mu` high enough from the start that the whole row is kept.
+        "mirostat_v2(40,0.1)",
+        "mirostat(25,0.1,100)",
     ];
     let rows = [(RowKind::Peaked, 20_000), (RowKind::Gaussian, 3_000), (RowKind::Ties, 4_000), (RowKind::Bf16, 9_000)];
     for (case, &(kind, v)) in rows.iter().enumerate() {
@@ -1283,7 +1287,19 @@ fn mirostat_reads_the_top_of_the_row() {
                 let want = array_path(&mut stages, &row).unwrap();
                 let got = chain.sample(&row).unwrap();
                 assert_eq!(Some(got), want.selected_token(), "{label}");
-                assert_eq!(values(chain.candidates()), values(&want), "{label}");
+                let in_top = matches!(chain.last_path(), Path::Fast(p) if p.ends_with("(drawn in the top)"));
+                if in_top {
+                    // The whole row kept, the draw made from its top: the selected candidate
+                    // alone, as the array path has it.
+                    let c = chain.candidates();
+                    assert_eq!(c.len(), 1, "{label}");
+                    let (mut one, _) = values(&want);
+                    one = vec![one[want.selected_index().unwrap()]];
+                    assert_eq!(values(c), (one, Some(0)), "{label}");
+                    drawn_in_top += 1;
+                } else {
+                    assert_eq!(values(chain.candidates()), values(&want), "{label}");
+                }
                 let want_applied = array_path(&mut applied_stages, &row).unwrap();
                 same(applied.apply(&row).unwrap(), &want_applied).unwrap_or_else(|e| panic!("apply, {label}: {e}"));
                 // Sampling on the rows without ties (the tied ones finish on the array when
@@ -1295,6 +1311,7 @@ fn mirostat_reads_the_top_of_the_row() {
             }
         }
     }
-    eprintln!("mirostat sampling: {tally:?}");
+    eprintln!("mirostat sampling: {tally:?}, {drawn_in_top} drawn in the top of a kept row");
     assert!(tally.fast * 10 >= tally.steps * 9, "the fast path was rarely taken: {tally:?}");
+    assert!(drawn_in_top > 200, "the whole row was seldom kept and drawn from its top: {drawn_in_top}");
 }

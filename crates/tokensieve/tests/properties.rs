@@ -21,6 +21,7 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use tokensieve::convention::llama_cpp::dense::Path;
 use tokensieve::rng::Mt19937;
 use tokensieve::sampler::{BuildContext, LLAMA_CPP_STAGE_NAMES};
 use tokensieve::{Candidates, Chain, RngConfig, TokenData};
@@ -544,17 +545,30 @@ fn mirostat_steps(row: &[f32], tau: f32, eta: f32, which: Miro, seed: u32, tally
             Miro::V1 { m } => oracle::mirostat(&set, v, mu, m),
             Miro::V2 => oracle::mirostat_v2(&set, mu),
         };
-        // The draw is consumed only when more than one candidate is left.
-        let u = if s.cands.len() > 1 { Some(mt.canonical_f64()) } else { None };
+        // The whole row kept and the draw made from its top: the selected candidate alone.
+        let in_top = matches!(chain.last_path(), Path::Fast(p) if p.ends_with("(drawn in the top)"));
+        // The draw is consumed only when more than one candidate is kept.
+        let kept = if in_top { out.set.len() } else { s.cands.len() };
+        let u = if kept > 1 { Some(mt.canonical_f64()) } else { None };
         if !tally.compare(out.ambiguous) {
             return Ok(()); // the states may diverge from here on
         }
-        prop_assert_eq!(s.cands.len(), out.set.len(), "{} step {}: size (mu {})", spec, step, mu);
-        same_set(&spec, &s, &out)?;
-        let probs = oracle::softmax(&s.working_set());
-        close_probs(&spec, &s, &probs)?;
-        let sel = s.selected.expect("selected");
-        prop_assert_eq!(token, s.cands[sel].id);
+        let (probs, sel) = if in_top {
+            prop_assert_eq!(s.cands.len(), 1, "{} step {}: one candidate", spec, step);
+            prop_assert_eq!(out.set.len(), v, "{} step {}: the whole row kept (mu {})", spec, step, mu);
+            let probs = oracle::softmax(&out.set);
+            let sel = out.set.iter().position(|c| c.0 == token).expect("every token is kept");
+            prop_assert!((s.cands[0].p as f64 - probs[sel]).abs() <= 1e-5 * probs[sel], "{}: p", spec);
+            (probs, sel)
+        } else {
+            prop_assert_eq!(s.cands.len(), out.set.len(), "{} step {}: size (mu {})", spec, step, mu);
+            same_set(&spec, &s, &out)?;
+            let probs = oracle::softmax(&s.working_set());
+            close_probs(&spec, &s, &probs)?;
+            let sel = s.selected.expect("selected");
+            prop_assert_eq!(token, s.cands[sel].id);
+            (probs, sel)
+        };
         if let Some(u) = u {
             let pick = oracle::discrete_select(&probs, u);
             if pick.ambiguous {

@@ -152,15 +152,22 @@ pub(crate) trait MuFeedback {
             llama_cpp::softmax(c, true);
         }
         // Otherwise the softmax again would compute the same probabilities from the same logits.
-        let (_, cum, mu, (eta, tau)) = self.feedback();
+        let (_, cum, _, _) = self.feedback();
         let idx = llama_cpp::discrete_distribution(c.as_slice(), cum, || u.expect("a draw for two or more candidates"));
         if !certain(c, idx) {
             return false;
         }
+        self.select(c, idx);
+        true
+    }
+
+    /// Selects candidate `idx` (with its probability from the softmax the draw was made
+    /// over) and moves `mu`.
+    fn select(&mut self, c: &mut Candidates, idx: usize) {
         c.set_selected(Some(idx));
+        let (_, _, mu, (eta, tau)) = self.feedback();
         let observed_surprise = -c.as_slice()[idx].p.log2();
         *mu -= eta * (observed_surprise - tau);
-        true
     }
 
     /// `apply` after its checks, with the draw `u` made already: `None` draws now.

@@ -115,6 +115,7 @@ use crate::error::{Error, Result};
 use crate::logits::Logits;
 use crate::sampler::dist::Dist;
 use crate::sampler::mirostat::MuFeedback;
+use crate::sampler::mirostat_v2::surprise_exceeds;
 use crate::sampler::penalties::Penalties;
 use crate::sampler::{Sampler, Stage};
 use crate::stdsort;
@@ -1314,11 +1315,9 @@ const TOP_P_FAR_MASSES: [f64; 3] = [1.0 / 4.0, 1.0 / 32.0, 1.0 / 512.0];
 /// order ([`ServerOrder::rest_unordered`](crate::logprobs::ServerOrder::rest_unordered)): it
 /// certifies that no order of the remaining weights changes the sum, so the descending one
 /// gives it too. Equal values need no order here (their weights are equal); which of them
-/// sits where is for the caller to check.
-fn sorted_softmax_top(need: usize, r: &[f32], max: f32, s: &mut Scratch, c: &mut Candidates) -> bool {
-    if gather_top(need, r, s).is_none() {
-        return false;
-    }
+/// sits where is for the caller to check. Returns `S`, or `None` where `false` is said above.
+fn sorted_softmax_top(need: usize, r: &[f32], max: f32, s: &mut Scratch, c: &mut Candidates) -> Option<f32> {
+    gather_top(need, r, s)?;
     let (g, keys) = (&s.gathered, &mut s.gathered_ranks);
     rank_keys(g, keys);
     let keys = sort_rank_keys(keys);
@@ -1338,11 +1337,11 @@ fn sorted_softmax_top(need: usize, r: &[f32], max: f32, s: &mut Scratch, c: &mut
     for &w in ws.iter() {
         sum += w;
     }
-    let Some(sum) = s.server_order.rest_unordered(r, max, &s.block_max, top, sum) else { return false };
+    let sum = s.server_order.rest_unordered(r, max, &s.block_max, top, sum)?;
     c.begin(r.len());
     c.data.extend(top.iter().zip(ws.iter()).map(|(t, &w)| TokenData { id: t.token, logit: t.logprob, p: w / sum }));
     c.sorted = true;
-    true
+    Some(sum)
 }
 
 /// The sizes of the row's top [`mirostat`] tries before it gives up: each try gathers and
@@ -1364,7 +1363,14 @@ const MIROSTAT_TOPS: [usize; 4] = [64, 1024, 8192, usize::MAX];
 /// the stage finishes on it with the same draw. `None` (before anything is drawn) where the
 /// row is too short or flat for the tries.
 ///
-/// PERF: the candidate array's full sort cost 15 ms a token at V = 128,256 (`mirostat_v2`).
+/// Where the stage keeps the whole row (v1's `k` reaches `V`; v2's `mu` is above the surprise
+/// of the row's least entry: `mu` climbs there on a confident model) and only the token is
+/// observed, the draw needs the prefix it lands in, not the sort of the rest:
+/// [`draw_in_prefix`] certifies it from bounds on the rest's mass ([`RowMass`]), and the
+/// selected candidate alone is left, as after other draws straight from the row.
+///
+/// PERF: the candidate array's full sort cost 15 ms a token at V = 128,256 (`mirostat_v2`),
+/// and sorting the whole kept row by integer keys 2.9 ms; drawn in the top, 37 µs.
 fn mirostat(
     stages: &mut [Stage],
     first: usize,
@@ -1378,35 +1384,81 @@ fn mirostat(
         return Ok(None);
     }
     // How many of the top entries the next try needs at least: v1's estimate reads `m`, and
-    // the prefix kept last time (and the entry after it) is a good guess for this one's.
+    // the prefix kept last time (and the entry after it) is a good guess for this one's,
+    // unless that was the whole row: then the draw may still land in a short prefix.
+    let kept_before = if s.mirostat_kept >= r.len() { 0 } else { s.mirostat_kept.saturating_add(1) };
     let mut want = match &stages[first] {
         Stage::Mirostat(m) => m.estimate_reads(),
         _ => 1,
     }
-    .max(s.mirostat_kept.saturating_add(1));
+    .max(kept_before);
+    // The whole row is kept and only the token is observed: the draw over the row may be
+    // certified from a prefix ([`draw_in_prefix`]).
+    let only_token = need == Need::Token && stages[first + 1..].iter().all(|st| st.is_inert());
+    let mut keeps_row = false;
+    // The draw, once made (for keeping the whole row), and the row's weights' bounds.
+    let mut drawn = None;
+    let mut row_mass = None;
+    let mut row_min = None;
     for top in MIROSTAT_TOPS {
         // A failed try (the rest's order could change the sum) may succeed with more entries
         // summed in order; the last, the whole row, sums all of them so.
-        if !sorted_softmax_top(top.max(want).min(r.len()), r, summary.max, s, c) {
-            continue;
-        }
+        let Some(sum) = sorted_softmax_top(top.max(want).min(r.len()), r, summary.max, s, c) else { continue };
         let whole = c.len() == r.len();
         let keep = match &stages[first] {
             Stage::Mirostat(m) if whole || c.len() >= want => {
                 let k = m.top_k_estimate(c) as usize; // at least 1
                 if k >= c.len() && !whole {
-                    // The prefix and the entry after it.
-                    want = k.saturating_add(1);
-                    continue;
+                    keeps_row = k >= r.len();
+                    if !(keeps_row && only_token) {
+                        // The prefix and the entry after it.
+                        want = k.saturating_add(1);
+                    }
+                    None
+                } else {
+                    Some(k.min(c.len()))
                 }
-                k.min(c.len())
             }
             Stage::MirostatV2(m) => match m.cut(c) {
-                Some(keep) => keep.max(1),
-                None if whole => c.len(),
-                None => continue,
+                Some(keep) => Some(keep.max(1)),
+                None if whole => Some(c.len()),
+                None => {
+                    if only_token && !keeps_row {
+                        let least = *row_min.get_or_insert_with(|| row_min_weight(r, summary.max));
+                        keeps_row = !surprise_exceeds(least / sum, m.mu());
+                    }
+                    None
+                }
             },
-            _ => continue,
+            _ => None,
+        };
+        let Some(keep) = keep else {
+            if keeps_row && only_token {
+                let m = mu_feedback(&mut stages[first]);
+                let u = *drawn.get_or_insert_with(|| m.draw(r.len()));
+                let mass = row_mass.get_or_insert_with(|| RowMass::new(r, summary.max, s));
+                let u = u.expect("a draw: the row has two or more entries");
+                let mut picked = draw_in_prefix(c, &s.weights, r.len(), sum, mass, u);
+                while picked.is_none() && mass.tighten(r, summary.max, s) {
+                    picked = draw_in_prefix(c, &s.weights, r.len(), sum, mass, u);
+                }
+                if let Some(idx) = picked {
+                    m.select(c, idx);
+                    // As after other draws straight from the row: the selected candidate alone.
+                    let t = c.data[idx];
+                    c.begin(c.vocab_size);
+                    c.data.push(t);
+                    c.selected = Some(0);
+                    c.sorted = true;
+                    s.mirostat_kept = r.len();
+                    s.path = Path::Fast(match stages[first] {
+                        Stage::Mirostat(_) => "mirostat (drawn in the top)",
+                        _ => "mirostat-v2 (drawn in the top)",
+                    });
+                    return Ok(Some(Prepared::Built { applied: first + 1 }));
+                }
+            }
+            continue;
         };
         // Equal values in the kept prefix, or at its end, are in the array path's sort order
         // there, which only moves tokens between their positions: the token picked stands
@@ -1424,7 +1476,7 @@ fn mirostat(
         };
         s.mirostat_kept = keep;
         let m = mu_feedback(&mut stages[first]);
-        let u = m.draw(keep);
+        let u = drawn.unwrap_or_else(|| m.draw(keep));
         if m.finish(c, keep, u, &certain) {
             s.path = Path::Fast(stages[first].name());
         } else {
@@ -1439,6 +1491,116 @@ fn mirostat(
         return Ok(Some(Prepared::Built { applied: first + 1 }));
     }
     Ok(None)
+}
+
+/// The weight `expf(x - max)` of the row's least entry `x`: over it the softmax's smallest
+/// probability (the surprises grow down the sorted row).
+fn row_min_weight(r: &[f32], max: f32) -> f32 {
+    // Sixteen running minima, `if x < m` rather than `f32::min` (the same on NaN-free rows):
+    // the loop vectorises.
+    let mut lanes = [f32::INFINITY; 16];
+    let chunks = r.chunks_exact(16);
+    for &x in chunks.remainder() {
+        lanes[0] = if x < lanes[0] { x } else { lanes[0] };
+    }
+    for chunk in chunks {
+        for (m, &x) in lanes.iter_mut().zip(chunk) {
+            *m = if x < *m { x } else { *m };
+        }
+    }
+    let least = lanes.iter().fold(f32::INFINITY, |m, &x| if x < m { x } else { m });
+    let mut w = [0.0f32];
+    arch::exp_shifted(&[least], 1.0, max, &mut w);
+    w[0]
+}
+
+/// Bounds on the sum of every weight `expf(x - max)` of a row, tightened on demand down
+/// [`DRAW_FAR_MASSES`] ([`NearSums`]: the first bounds leave most blocks unexponentiated),
+/// then from [`arch::exp_block_sums_approx`] where the tiers do not apply.
+struct RowMass {
+    near: Option<NearSums>,
+    /// The next rung of [`DRAW_FAR_MASSES`].
+    next: usize,
+    lo: f64,
+    hi: f64,
+}
+
+impl RowMass {
+    fn new(r: &[f32], max: f32, s: &mut Scratch) -> Self {
+        let near = NearSums::new(r, 1.0, max, s);
+        let mut mass = RowMass { near, next: 0, lo: 0.0, hi: f64::INFINITY };
+        mass.tighten(r, max, s);
+        mass
+    }
+
+    /// Narrows the bounds with the next tier; `false` when none is left.
+    fn tighten(&mut self, r: &[f32], max: f32, s: &mut Scratch) -> bool {
+        let err = match &mut self.near {
+            Some(near) if self.next < DRAW_FAR_MASSES.len() => near.widen(DRAW_FAR_MASSES[self.next], r, 1.0, max, s),
+            None if self.next == 0 => {
+                s.block_sums.clear();
+                s.block_sums.resize(r.len().div_ceil(BLOCK), 0.0);
+                arch::exp_block_sums_approx(r, 1.0, max, &mut s.block_sums)
+            }
+            _ => return false,
+        };
+        self.next += 1;
+        let approx = total(&s.block_sums);
+        // Either order of f64 summation is within (V + 8) half-ulps of the exact sum of the
+        // weights (as `dist` bounds it), the blocks' own sums included.
+        let rounding = (r.len() as f64 + 8.0) * f64::EPSILON * 2.0 * (approx + err);
+        (self.lo, self.hi) = (self.lo.max(approx - err - rounding), self.hi.min(approx + err + rounding));
+        true
+    }
+}
+
+/// `discrete_distribution`'s pick over the probabilities of a whole sorted row when only its
+/// first `c.len()` are at hand (`c`, with `weights` their `expf(x - max)` and `p = w / sum`
+/// in f32; `v` the row's length, `mass` the bounds on all its weights): `None` unless the draw
+/// `u` lands on the same entry of the prefix for every total the rest allows, and no
+/// neighbour holds its value.
+///
+/// The distribution normalises by the f64 sum of every `p` in sorted order: the prefix's
+/// part is summed here as it does; the rest's `p` lie within `2^-24` (relative) and `2^-149`
+/// of `w / sum`, whose sum `mass` bounds, and each of their additions rounds by at most
+/// `2^-53` of the total. The cumulative sums of the prefix fall as the total grows (each
+/// quotient and each rounded sum is monotone), so the picks at the total's bounds bound
+/// every pick in between.
+fn draw_in_prefix(c: &Candidates, weights: &[f32], v: usize, sum: f32, mass: &RowMass, u: f64) -> Option<usize> {
+    let data = c.as_slice();
+    let n = data.len();
+    if n >= v || weights.len() != n {
+        return None;
+    }
+    let prefix_weights: f64 = weights.iter().map(|&w| w as f64).sum();
+    let slack = n as f64 * 2f64.powi(-52) * prefix_weights;
+    let rest = ((mass.lo - prefix_weights - slack).max(0.0), (mass.hi - prefix_weights + slack).max(0.0));
+    let (m, s64) = ((v - n) as f64, sum as f64);
+    let rest_p = (
+        (rest.0 / s64 * (1.0 - 2f64.powi(-22)) - m * 2f64.powi(-149)).max(0.0),
+        rest.1 / s64 * (1.0 + 2f64.powi(-22)) + m * 2f64.powi(-149),
+    );
+    let mut head = 0.0f64;
+    for t in data {
+        head += t.p as f64;
+    }
+    let rounding = m * 2f64.powi(-52) * (head + rest_p.1);
+    let total =
+        ((head + rest_p.0 - rounding) * (1.0 - 2f64.powi(-50)), (head + rest_p.1 + rounding) * (1.0 + 2f64.powi(-50)));
+    let pick = |total: f64| {
+        let mut run = 0.0f64;
+        data.iter().position(|t| {
+            run += t.p as f64 / total;
+            run >= u
+        })
+    };
+    let i = pick(total.1)?;
+    if pick(total.0) != Some(i) {
+        return None;
+    }
+    let value = data[i].logit;
+    let tied = (i > 0 && data[i - 1].logit == value) || data.get(i + 1).is_some_and(|t| t.logit == value);
+    (!tied).then_some(i)
 }
 
 /// A `mirostat` or `mirostat_v2` stage's shared tail.
