@@ -1313,5 +1313,9 @@ fn mirostat_reads_the_top_of_the_row() {
     }
     eprintln!("mirostat sampling: {tally:?}, {drawn_in_top} drawn in the top of a kept row");
     assert!(tally.fast * 10 >= tally.steps * 9, "the fast path was rarely taken: {tally:?}");
-    assert!(drawn_in_top > 200, "the whole row was seldom kept and drawn from its top: {drawn_in_top}");
+    // The top's softmax sum is certified against the rest by the vectorised `expf` (without
+    // it, only the whole sorted row gives the sum, and the draw is made there).
+    if tokensieve::arch::vectorised_exp() {
+        assert!(drawn_in_top > 200, "the whole row was seldom kept and drawn from its top: {drawn_in_top}");
+    }
 }
