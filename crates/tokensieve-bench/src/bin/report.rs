@@ -207,6 +207,7 @@ fn main() {
         }
     }
     let _ = writeln!(md);
+    more_samplers_section(&mut md, args.seconds);
     other_rows_section(&mut md, args.seconds);
     half_rows_section(&mut md, args.seconds);
     batch_section(&mut md, args.seconds);
@@ -265,6 +266,74 @@ fn real_row(v: usize) -> Vec<f32> {
     let real: Vec<f32> =
         npyz::NpyFile::new(NPY).and_then(|f| f.into_vec::<f32>()).expect("the embedded example row is an f32 .npy");
     (0..v).map(|j| real[j % real.len()] - 2.0 * (j / real.len()) as f32).collect()
+}
+
+/// Chains beyond the issue's table that users turn on: `(convention, spec)`.
+const MORE_SAMPLERS: [(tokensieve::Convention, &str); 6] = [
+    (tokensieve::Convention::LlamaCpp, "mirostat_v2(5,0.1)"),
+    (tokensieve::Convention::LlamaCpp, "temperature(0.8);mirostat_v2(5,0.1)"),
+    (tokensieve::Convention::LlamaCpp, "top_k(40);typical(0.9,1);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist"),
+    (tokensieve::Convention::Transformers, "temperature(0.8);top_k(50);typical(0.9);dist"),
+    (tokensieve::Convention::Transformers, "temperature(0.8);top_k(50);epsilon(0.0003);dist"),
+    (tokensieve::Convention::Transformers, "temperature(0.8);top_k(50);eta(0.0003);dist"),
+];
+
+/// tokensieve alone on [`MORE_SAMPLERS`]: `sample` beside the floor, and `apply` (every
+/// surviving candidate observed, so the candidate array is built where a stage needs it). Each
+/// chain first runs 300 tokens on the row, so that mirostat's `mu` has settled (on this row it
+/// climbs until the whole row is kept).
+fn more_samplers_section(md: &mut String, seconds: f64) {
+    let _ = writeln!(
+        md,
+        "## More samplers
+
+tokensieve alone, on the peaked rows, for chains outside the issue's table: mirostat (llama.cpp's, with `mu` settled after 300 tokens: on this row every token is kept), and the chains that put `typical`, `epsilon` or `eta` after a `top_k` (llama.cpp's order; transformers' `generate()` order with its default `top_k=50`). `sample` is timed beside the floor. `apply` returns every candidate: for mirostat the whole sorted row, built on the candidate array where equal values make llama.cpp's sort order matter (the bench's row holds some); for transformers the dense row, the removed tokens at `-inf`, as its processors return it. One pass.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| convention | V | chain | floor µs | `sample` µs (× floor) | `apply` µs (× floor) |\n|---|---:|---|---:|---:|---:|"
+    );
+    for v in [32_000usize, 128_256] {
+        let r = row(v);
+        for (convention, spec) in MORE_SAMPLERS {
+            eprintln!("more samplers: V={v} {spec}");
+            let build = |apply: bool| {
+                let ctx = BuildContext::new(v, RngConfig::philox(42)).with_convention(convention);
+                let mut chain =
+                    if apply { Chain::from_spec_for_apply(spec, &ctx) } else { Chain::from_spec(spec, &ctx) }
+                        .expect("the chains build");
+                for _ in 0..300 {
+                    let t = if apply {
+                        chain.apply(&r[..]).expect("a peaked row applies").selected_token().unwrap_or(0)
+                    } else {
+                        chain.sample(&r[..]).expect("a peaked row samples")
+                    };
+                    chain.accept(t);
+                }
+                chain
+            };
+            let mut sampler = build(false);
+            let sampled = time_per_token(&r, seconds, || sampler.sample(&r[..]).expect("a peaked row samples"));
+            let mut applier = build(true);
+            let applied = time_per_token(&r, seconds, || {
+                applier.apply(&r[..]).expect("a peaked row applies").selected_token().unwrap_or(0)
+            });
+            let name = match convention {
+                tokensieve::Convention::LlamaCpp => "llama.cpp",
+                tokensieve::Convention::Transformers => "transformers",
+            };
+            let _ = writeln!(
+                md,
+                "| {name} | {v} | `{spec}` | {:.1} | {:.1} ({:.2}×) | {:.1} ({:.1}×) |",
+                sampled.floor_us,
+                sampled.median_us,
+                sampled.median_us / sampled.floor_us,
+                applied.median_us,
+                applied.median_us / applied.floor_us
+            );
+        }
+    }
+    let _ = writeln!(md);
 }
 
 /// tokensieve alone on the other rows the issue names (flat, wide, the real model's), under
