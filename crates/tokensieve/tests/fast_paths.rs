@@ -1250,9 +1250,11 @@ fn a_direct_dist_leaves_the_selected_probability_within_its_bound() {
 /// peaked row it climbs until the whole row is kept), so the kept prefix runs from one entry
 /// to all of them. Every step, `sample` gives the array path's token, its candidates the same
 /// values and probability bits with the same one selected (their order among equal values is
-/// the sort's only where they are observed), and `apply` the array path's candidates exactly,
-/// on rows with and without ties (where the picked value is tied, or `apply` meets a tie, the
-/// stage finishes on the array with the same draw). The fast path is taken on most steps.
+/// the sort's only where they are observed; where the whole row is kept and the draw is made
+/// from its top, the selected candidate alone), and `apply` the array path's candidates
+/// exactly, on rows with and without ties, with `-inf` entries and with huge magnitudes (where
+/// the picked value is tied, or `apply` meets a tie, the stage finishes on the array with the
+/// same draw). The fast path is taken on most steps.
 #[test]
 fn mirostat_reads_the_top_of_the_row() {
     let mut tally = Tally::default();
@@ -1269,7 +1271,14 @@ fn mirostat_reads_the_top_of_the_row() {
         "mirostat_v2(40,0.1)",
         "mirostat(25,0.1,100)",
     ];
-    let rows = [(RowKind::Peaked, 20_000), (RowKind::Gaussian, 3_000), (RowKind::Ties, 4_000), (RowKind::Bf16, 9_000)];
+    let rows = [
+        (RowKind::Peaked, 20_000),
+        (RowKind::Gaussian, 3_000),
+        (RowKind::Ties, 4_000),
+        (RowKind::Bf16, 9_000),
+        (RowKind::NegInf, 5_000),
+        (RowKind::Huge, 2_000),
+    ];
     for (case, &(kind, v)) in rows.iter().enumerate() {
         let row = generate::row(kind, v, 40 + case as u64);
         for (j, spec) in specs.iter().enumerate() {
