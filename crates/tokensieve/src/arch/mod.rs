@@ -349,6 +349,17 @@ pub fn max(row: &[f32]) -> f32 {
     }
 }
 
+/// The smallest value of `row` (`+inf` for an empty row). For NaN-free input. One pass, with
+/// the portable kernel's lanes (vector compares in the base ISA: a pass at about the floor's
+/// pace); it serves no hot loop that would need a kernel per ISA.
+///
+/// ```
+/// assert_eq!(tokensieve::arch::min(&[1.0, -2.0, 7.5, 3.0]), -2.0);
+/// ```
+pub fn min(row: &[f32]) -> f32 {
+    portable::min(row)
+}
+
 /// What [`summarize`] or [`locate_max`] found.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Summary {
@@ -1197,15 +1208,28 @@ pub mod portable {
     /// ISA (SSE2, NEON, ...): a plain `fold` is one dependency chain, about 14 times slower
     /// (70 against 5 µs at V = 128,256 on an x86-64 with SSE2 code).
     pub fn max(row: &[f32]) -> f32 {
+        extreme::<true>(row)
+    }
+
+    /// See [`super::min`]: [`max`]'s lanes with the comparison turned.
+    pub fn min(row: &[f32]) -> f32 {
+        extreme::<false>(row)
+    }
+
+    /// The largest (`MAX`) or the smallest value of `row`, from 32 lanes (see [`max`]).
+    #[inline(always)]
+    fn extreme<const MAX: bool>(row: &[f32]) -> f32 {
         const LANES: usize = 32;
-        let mut m = [f32::NEG_INFINITY; LANES];
+        let beats = |x: f32, m: f32| if MAX { x > m } else { x < m };
+        let start = if MAX { f32::NEG_INFINITY } else { f32::INFINITY };
+        let mut m = [start; LANES];
         let (chunks, tail) = row.as_chunks::<LANES>();
         for c in chunks {
             for j in 0..LANES {
-                m[j] = if c[j] > m[j] { c[j] } else { m[j] };
+                m[j] = if beats(c[j], m[j]) { c[j] } else { m[j] };
             }
         }
-        m.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+        m.iter().chain(tail).fold(start, |m, &x| if beats(x, m) { x } else { m })
     }
 
     /// See [`super::cheap_block_sums_at`]; `a`, `b` its bits-domain coefficients. The lane
