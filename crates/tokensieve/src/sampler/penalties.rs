@@ -53,7 +53,10 @@ impl Hasher for IdHasher {
         }
     }
     fn write_u32(&mut self, x: u32) {
-        self.0 = (self.0.rotate_left(5) ^ x as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.write_u64(u64::from(x));
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 
