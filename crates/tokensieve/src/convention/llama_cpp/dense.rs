@@ -1437,11 +1437,15 @@ fn mirostat(
             if keeps_row && only_token {
                 let m = mu_feedback(&mut stages[first]);
                 let u = *drawn.get_or_insert_with(|| m.draw(r.len()));
-                let mass = row_mass.get_or_insert_with(|| RowMass::new(r, summary.max, s));
                 let u = u.expect("a draw: the row has two or more entries");
-                let mut picked = draw_in_prefix(c, &s.weights, r.len(), sum, mass, u);
+                // The prefix's weights (`sorted_softmax_top`'s), summed before the bounds reuse
+                // the scratch.
+                debug_assert_eq!(s.weights.len(), c.len());
+                let prefix_weights: f64 = s.weights.iter().map(|&w| w as f64).sum();
+                let mass = row_mass.get_or_insert_with(|| RowMass::new(r, summary.max, s));
+                let mut picked = draw_in_prefix(c, prefix_weights, r.len(), sum, mass, u);
                 while picked.is_none() && mass.tighten(r, summary.max, s) {
-                    picked = draw_in_prefix(c, &s.weights, r.len(), sum, mass, u);
+                    picked = draw_in_prefix(c, prefix_weights, r.len(), sum, mass, u);
                 }
                 if let Some(idx) = picked {
                     m.select(c, idx);
@@ -1543,8 +1547,9 @@ impl RowMass {
 }
 
 /// `discrete_distribution`'s pick over the probabilities of a whole sorted row when only its
-/// first `c.len()` are at hand (`c`, with `weights` their `expf(x - max)` and `p = w / sum`
-/// in f32; `v` the row's length, `mass` the bounds on all its weights): `None` unless the draw
+/// first `c.len()` are at hand (`c`, with `p = w / sum` in f32 for their weights
+/// `w = expf(x - max)`, whose f64 sum is `prefix_weights`; `v` the row's length, `mass` the
+/// bounds on all its weights): `None` unless the draw
 /// `u` lands on the same entry of the prefix for every total the rest allows, and no
 /// neighbour holds its value.
 ///
@@ -1554,13 +1559,12 @@ impl RowMass {
 /// `2^-53` of the total. The cumulative sums of the prefix fall as the total grows (each
 /// quotient and each rounded sum is monotone), so the picks at the total's bounds bound
 /// every pick in between.
-fn draw_in_prefix(c: &Candidates, weights: &[f32], v: usize, sum: f32, mass: &RowMass, u: f64) -> Option<usize> {
+fn draw_in_prefix(c: &Candidates, prefix_weights: f64, v: usize, sum: f32, mass: &RowMass, u: f64) -> Option<usize> {
     let data = c.as_slice();
     let n = data.len();
-    if n >= v || weights.len() != n {
+    if n >= v {
         return None;
     }
-    let prefix_weights: f64 = weights.iter().map(|&w| w as f64).sum();
     let slack = n as f64 * 2f64.powi(-52) * prefix_weights;
     let rest = ((mass.lo - prefix_weights - slack).max(0.0), (mass.hi - prefix_weights + slack).max(0.0));
     let (m, s64) = ((v - n) as f64, sum as f64);
