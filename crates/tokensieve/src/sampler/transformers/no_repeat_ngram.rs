@@ -17,7 +17,7 @@
 //! Spec: `no_repeat_ngram(n)`; `ngram_size=` / `no_repeat_ngram_size=` are accepted for `n`.
 
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::candidates::Candidates;
 use crate::convention::transformers::ensure_dense;
@@ -55,11 +55,12 @@ pub struct NoRepeatNGram {
 /// No earlier window.
 const NONE: usize = usize::MAX;
 
-/// A fingerprint of a window's first `n - 1` tokens (the same tokens, the same fingerprint).
+/// A fingerprint of a window's first `n - 1` tokens (the same tokens, the same fingerprint):
+/// the penalties' id hasher run over them.
 fn fingerprint(tokens: &[u32]) -> u64 {
-    tokens
-        .iter()
-        .fold(0x243f_6a88_85a3_08d3, |h, &t| (h.rotate_left(5) ^ u64::from(t)).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    let mut h = IdHasher::default();
+    tokens.iter().for_each(|&t| h.write_u32(t));
+    h.finish()
 }
 
 impl NoRepeatNGram {
