@@ -381,26 +381,38 @@ pub(crate) unsafe fn collect_listed(
 }
 
 /// See [`super::positions_ge`]: 64 values per step, four 16-lane compares into one mask, a
-/// branch only where it has a bit set.
+/// branch only where it has a bit set; the last partial group with masked loads.
+///
+/// PERF: whole groups apart, so that their four compares unroll with constant shifts. One
+/// loop over `chunks(64)` with masked loads of each part compiled to a loop per 16 values
+/// (variable shift, mask arithmetic, a spilled group counter): 0.7 µs for the 8,700 values that
+/// raw logprobs gathers from the real row at V = 32,000 (Zen 4), against 0.2 µs this way.
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
 #[target_feature(enable = "avx512f,avx2,fma,popcnt")]
 pub(crate) unsafe fn positions_ge(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
     let t = _mm512_set1_ps(threshold);
-    let below = _mm512_set1_ps(f32::NEG_INFINITY);
-    for (g, group) in values.chunks(64).enumerate() {
-        let mut hits = 0u64;
-        for (k, part) in group.chunks(16).enumerate() {
-            let lanes = ((1u32 << part.len()) - 1) as u16;
-            // SAFETY: `lanes` covers only the values of `part`.
-            let x = _mm512_mask_loadu_ps(below, lanes, part.as_ptr());
-            hits |= u64::from(_mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(lanes, x, t)) << (16 * k);
-        }
+    let mut push_hits = |first: usize, mut hits: u64| {
         while hits != 0 {
-            out.push((64 * g) as u32 + hits.trailing_zeros());
+            out.push(first as u32 + hits.trailing_zeros());
             hits &= hits - 1;
         }
+    };
+    let groups = values.chunks_exact(64);
+    let rest = groups.remainder();
+    for (g, group) in groups.enumerate() {
+        // SAFETY: `group` holds 64 floats: four vectors of 16.
+        let ge = |k: usize| u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_loadu_ps(group.as_ptr().add(16 * k)), t));
+        push_hits(64 * g, ge(0) | ge(1) << 16 | ge(2) << 32 | ge(3) << 48);
+    }
+    let below = _mm512_set1_ps(f32::NEG_INFINITY);
+    let first = values.len() - rest.len();
+    for (k, part) in rest.chunks(16).enumerate() {
+        let lanes = ((1u32 << part.len()) - 1) as u16;
+        // SAFETY: `lanes` covers only the values of `part`.
+        let x = _mm512_mask_loadu_ps(below, lanes, part.as_ptr());
+        push_hits(first + 16 * k, u64::from(_mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(lanes, x, t)));
     }
 }
 
