@@ -418,6 +418,97 @@ fn transformers_top_p_on_large_rows() {
     assert!(fast >= steps / 4, "only {fast} of {steps}");
 }
 
+/// transformers' `epsilon` on the whole row (`row::cut_below`): each token's test is decided
+/// by bounds on the softmax sum. Peaked, Gaussian and shifted rows at several sharpnesses and
+/// the real SmolLM2 row, cutoffs from far below the tail to near the top, with and without
+/// `min_tokens_to_keep`: the same tokens and survivors (the sparse view against the dense
+/// row, logit bits included) as the array path over several steps, with the fast path taken
+/// on most of them.
+#[test]
+fn transformers_epsilon_on_large_rows() {
+    let npy = concat!(env!("CARGO_MANIFEST_DIR"), "/../tokensieve-cli/testdata/example-logits.npy");
+    let real = tokensieve_testkit::cli::read_npy_f32(npy.as_ref()).1;
+    let mut rows = vec![("real".to_string(), real)];
+    for (i, v) in [4_099usize, 32_000, 128_256].into_iter().enumerate() {
+        for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::ShiftedDown] {
+            for scale in [1.0f32, 3.0, 10.0] {
+                let row = generate::row(kind, v, i as u64 + 7).into_iter().map(|x| x * scale).collect();
+                rows.push((format!("{kind:?} x{scale} V={v}"), row));
+            }
+        }
+    }
+    let (mut fast, mut steps) = (0, 0);
+    for (name, row) in &rows {
+        // A stage after `epsilon`, so that its survivors are left to compare.
+        for spec in [
+            "epsilon(0.0003);temperature(0.9);dist",
+            "temperature(0.8);epsilon(0.001,3);temperature(1.2);dist",
+            "epsilon(1e-7);top_k(60);dist",
+            "temperature(1.5);epsilon(0.2,2);temperature(0.9);dist",
+            "epsilon(0.0003);dist",
+        ] {
+            let ctx = BuildContext::new(row.len(), RngConfig::philox(steps as u64))
+                .with_convention(tokensieve::Convention::Transformers);
+            let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+            let mut stages = chain.stages().to_vec();
+            let (mut got_dense, mut want_dense) = (vec![0.0f32; row.len()], vec![0.0f32; row.len()]);
+            for step in 0..4 {
+                let want = array_path(&mut stages, row).unwrap();
+                let got = chain.sample(row).unwrap();
+                steps += 1;
+                fast += (chain.last_path() == Path::Fast("epsilon")) as usize;
+                assert_eq!(Some(got), want.selected_token(), "{spec} {name} step {step}");
+                if spec.ends_with("temperature(0.9);dist") || spec.ends_with("temperature(1.2);dist") {
+                    chain.candidates().write_dense(&mut got_dense);
+                    want.write_dense(&mut want_dense);
+                    let bits = |d: &[f32]| d.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert!(bits(&got_dense) == bits(&want_dense), "{spec} {name} step {step}: survivors differ");
+                }
+                stages.iter_mut().for_each(|s| s.accept(got));
+            }
+        }
+    }
+    eprintln!("transformers epsilon on large rows: {fast} of {steps} steps took the fast path");
+    assert!(fast * 10 >= steps * 8, "only {fast} of {steps}");
+}
+
+/// `epsilon` with its cutoff exactly on a token's probability (which keeps it) and one f32
+/// above it (which removes it): only the exact sums can decide that token, so the bounds must
+/// hold it undecided until then. The survivors are the array path's.
+#[test]
+fn transformers_epsilon_cutoff_on_a_probability() {
+    let mut checked = 0;
+    for (i, v) in [4_099usize, 32_000].into_iter().enumerate() {
+        for kind in [RowKind::Peaked, RowKind::Gaussian] {
+            let row = generate::row(kind, v, i as u64 + 3);
+            // transformers' softmax: f64 weights of the f32 differences, summed in id order.
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &z| m.max(z));
+            let sum: f64 = row.iter().map(|&z| ((z - max) as f64).exp()).sum();
+            let mut probs: Vec<f32> = row.iter().map(|&z| (((z - max) as f64).exp() / sum) as f32).collect();
+            probs.sort_by(|a, b| b.total_cmp(a));
+            for rank in [1usize, 5, 30, 200] {
+                for cutoff in [probs[rank], probs[rank].next_up()] {
+                    let spec = format!("epsilon({});temperature(0.9);dist", cutoff as f64);
+                    let ctx = BuildContext::new(v, RngConfig::philox(rank as u64))
+                        .with_convention(tokensieve::Convention::Transformers);
+                    let mut chain = Chain::from_spec(&spec, &ctx).unwrap();
+                    let mut stages = chain.stages().to_vec();
+                    let want = array_path(&mut stages, &row).unwrap();
+                    assert_eq!(Some(chain.sample(&row).unwrap()), want.selected_token(), "{spec} {kind:?} V={v}");
+                    let (mut got_dense, mut want_dense) = (vec![0.0f32; v], vec![0.0f32; v]);
+                    chain.candidates().write_dense(&mut got_dense);
+                    want.write_dense(&mut want_dense);
+                    let kept = |d: &[f32]| d.iter().filter(|x| x.is_finite()).count();
+                    assert_eq!(kept(&got_dense), kept(&want_dense), "{spec} {kind:?} V={v}: survivors differ");
+                    assert!(got_dense == want_dense, "{spec} {kind:?} V={v}: survivors differ");
+                    checked += (chain.last_path() == Path::Fast("epsilon")) as usize;
+                }
+            }
+        }
+    }
+    assert!(checked >= 24, "only {checked} decided on the row");
+}
+
 /// Transformers' `top_p;dist` when sampling (`row::top_p_dist`): the draw is certain from
 /// bounds on the softmax sum when `dist` picks the same token over the survivors of every cut
 /// they allow; otherwise `top_p` decides the cut and `dist` runs with the same draw. The same
@@ -685,6 +776,8 @@ fn hf_chain() -> impl Strategy<Value = String> {
         2 => Just("dist".to_string()),
         2 => (prop_oneof![Just(0.95f32), Just(0.5), Just(0.999), 0.01f32..0.99], prop_oneof![3 => Just(1i32), 1 => 2i32..300])
             .prop_map(|(p, mk)| format!("top_p({p},{mk})")),
+        2 => (prop_oneof![Just(0.0003f64), Just(0.02), Just(0.9), 1e-9f64..0.5], prop_oneof![3 => Just(1i32), 1 => 2i32..60])
+            .prop_map(|(e, mk)| format!("epsilon({e},{mk})")),
     ];
     let tail = prop_oneof![
         Just(";dist"),

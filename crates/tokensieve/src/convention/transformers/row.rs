@@ -40,6 +40,9 @@
 //! * Or **`top_p(p);dist`**: the same bounds, coarser; where they leave the cut among a few
 //!   positions, the draw is certain if `dist` picks the same token over the survivors of
 //!   each ([`top_p_dist`]).
+//! * Or **`epsilon(e)`** after at most one temperature: a token goes when `fl32(w / S) < e`
+//!   (and it is below the `min_tokens_to_keep`-th logit); `S >= 1`, so below `w < e` every
+//!   token goes, and the few above are decided by bounds on `S` ([`cut_below`]).
 //!
 //! After `top_k` or `min_p`, a tail of `top_p`/`min_p` stages and `dist` runs fused over the
 //! sparse view, each token's weight computed once (`tail`).
@@ -399,7 +402,14 @@ pub(crate) fn prepare(
     // fell back (labelled here, overwritten on success).
     if matches!(
         stages.get(end),
-        Some(Stage::HfTopK(_) | Stage::HfGreedy(_) | Stage::HfMinP(_) | Stage::HfDist(_) | Stage::HfTopP(_))
+        Some(
+            Stage::HfTopK(_)
+                | Stage::HfGreedy(_)
+                | Stage::HfMinP(_)
+                | Stage::HfDist(_)
+                | Stage::HfTopP(_)
+                | Stage::HfEpsilon(_)
+        )
     ) {
         s.path = Path::Fallback(stages[end].name());
     }
@@ -419,6 +429,13 @@ pub(crate) fn prepare(
             Reduce::MinP(p, keep)
         }
         Some(Stage::HfDist(_)) => return dist(stages, (first, end, end), r, s, c),
+        Some(Stage::HfEpsilon(e)) => {
+            if !stages[end + 1..].iter().all(sparse_safe) {
+                return Ok(None);
+            }
+            let (cutoff, keep) = e.params();
+            return cut_below(stages, (first, end), cutoff, keep, r, s, c);
+        }
         Some(Stage::HfTopP(tp)) => {
             let (threshold, keep) = tp.params();
             let next = stages.iter().skip(end + 1).position(|st| !st.is_inert()).map(|i| end + 1 + i);
@@ -585,6 +602,87 @@ pub(crate) fn prepare(
         }
     }
     c.sparse = true;
+    if let Some(done) = super::tail::sample(stages, end + 1, c, s)? {
+        return Ok(Some(done));
+    }
+    Ok(Some(Prepared::Built { applied: end + 1 }))
+}
+
+/// `epsilon` (`cutoff` its `fl32(epsilon)`, `stages[end]`) on the untouched row after at most
+/// one temperature (`stages[first..end]`): a token is removed when its probability
+/// `fl32(w / S)` is below `cutoff` and its processed logit below the `keep`-th largest, `w` its
+/// weight `exp(f64(fl32(z - max)))` and `S` the f64 sum of every weight. The survivors are
+/// left as a sparse view (the removed tokens are the dense row's `-inf`), the stages after it
+/// run on it (fused where they can: `tail`).
+///
+/// `S >= 1` (the maximum's weight), so `p <= w`: a token whose weight is below `cutoff` is
+/// removed whatever `S` is, and below the processed logit `min_p_floor(cutoff)` every weight
+/// is. The tokens at or above it (or at or above the `keep`-th largest, if that is lower) are
+/// gathered from the row, and each one's test is decided by bounds on `S`
+/// ([`tightening_sums`], then the exact weights summed in blocks as [`locate_draw`]'s last
+/// try): `fl32(w / S)` lies between `fl32(w / S_hi)` and `fl32(w / S_lo)`, division and
+/// rounding being monotone. A token those leave on both sides of `cutoff` (within about
+/// `2^-40` of it, with the exact sums), or a penalty before it: the array path.
+fn cut_below(
+    stages: &mut [Stage],
+    (first, end): (usize, usize),
+    cutoff: f32,
+    keep: usize,
+    r: &[f32],
+    s: &mut Scratch,
+    c: &mut Candidates,
+) -> Result<Option<Prepared>> {
+    let n = r.len();
+    let prefix = &stages[first..end];
+    let Some((t, max)) = one_temperature(prefix, s) else { return Ok(None) };
+    let Some(floor) = min_p_floor(cutoff, max, n) else { return Ok(None) };
+    // The `keep`-th largest processed logit: the `keep`-th of a gathered superset of the
+    // largest raw logits (the temperature is monotone).
+    let kth = if keep <= 1 {
+        max
+    } else {
+        if gather_top(keep, r, s).is_none() {
+            return Ok(None);
+        }
+        untouched(prefix, &mut s.gathered);
+        if s.gathered.len() < keep {
+            return Ok(None);
+        }
+        s.ranks.clear();
+        s.ranks.extend(s.gathered.iter().map(|t| !total_order_key(t.logit)));
+        from_sort_key(!*s.ranks.select_nth_unstable(keep - 1).1)
+    };
+    // Below both the floor and the `keep`-th largest, every token is removed.
+    let bound = floor.min(kth);
+    if !bound.is_finite() {
+        return Ok(None);
+    }
+    gather_at_least(r, &s.block_max, &[], raw_floor(prefix, bound), &mut s.gathered, &mut s.blocks);
+    untouched(prefix, &mut s.gathered);
+    weights_into(s.gathered.iter().map(|t| t.logit), max, &mut s.top_weights);
+    // `Some(S_lo)` when every gathered token's test comes out the same for any `S` within
+    // `sum ± err`.
+    let decide = |sum: f64, err: f64, s: &mut Scratch| {
+        let (lo, hi) = (sum - err, sum + err);
+        let open = |(tok, &w): (&TokenData, &f64)| {
+            tok.logit < kth && ((w / lo) as f32 >= cutoff) != ((w / hi) as f32 >= cutoff)
+        };
+        (lo > 0.0 && !s.gathered.iter().zip(&s.top_weights).any(open)).then_some(lo)
+    };
+    let lo = tightening_sums(r, t, max, &TOP_P_FAR_MASSES, s, decide).or_else(|| {
+        arch::exp64_block_sums(r, t, max, &mut s.block_sums);
+        let sum = total(&s.block_sums);
+        decide(sum, sum * (n as f64 + 8.0) * f64::EPSILON * 2.0 + n as f64 * 1.2e-38, s)
+    });
+    let Some(lo) = lo else { return Ok(None) };
+    c.begin(n);
+    for (tok, &w) in s.gathered.iter().zip(&s.top_weights) {
+        if tok.logit >= kth || (w / lo) as f32 >= cutoff {
+            c.data.push(TokenData { id: tok.id, logit: tok.logit, p: 0.0 });
+        }
+    }
+    c.sparse = true;
+    s.path = Path::Fast(stages[end].name());
     if let Some(done) = super::tail::sample(stages, end + 1, c, s)? {
         return Ok(Some(done));
     }

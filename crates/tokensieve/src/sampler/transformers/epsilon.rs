@@ -77,6 +77,13 @@ impl Epsilon {
     }
 }
 
+impl Epsilon {
+    /// `(fl32(epsilon), min_tokens_to_keep)`, for the row path.
+    pub(crate) fn params(&self) -> (f32, usize) {
+        (self.epsilon, self.min_tokens_to_keep)
+    }
+}
+
 impl Sampler for Epsilon {
     fn name(&self) -> &'static str {
         "epsilon"
