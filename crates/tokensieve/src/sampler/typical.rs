@@ -153,7 +153,15 @@ struct Ranked {
     ln_p: Vec<f32>,
     /// The candidates in that order.
     sorted: Vec<crate::candidates::TokenData>,
+    /// The scores' bits in that order.
+    scores: Vec<u32>,
+    /// The probabilities by score bucket.
+    hist: Vec<f64>,
 }
+
+/// The probability histogram's buckets: a score's top 10 bits (its sign is 0), half a binade.
+const SCORE_SHIFT: u32 = 22;
+const SCORE_BUCKETS: usize = 1 << (32 - SCORE_SHIFT);
 
 impl Typical {
     /// `apply` on an unsorted array, with the same result, without llama.cpp's sorts of every
@@ -167,7 +175,9 @@ impl Typical {
     /// * The candidates are kept in score order up to the cut, so only that prefix of the
     ///   scores' order is read. With no two equal scores among it and the first score after
     ///   it, it is the same in every sort (equal logits have equal scores, so no kept token
-    ///   shares its logit either): the scores are ranked by a radix sort too. Equal scores
+    ///   shares its logit either): the scores are ranked by a radix sort too, only those up to
+    ///   the score bucket (half a binade) where the probabilities reach `p` (all of them if
+    ///   the cut turns out to lie beyond). Equal scores
     ///   there (the order libstdc++'s introsort leaves decides which go), or a probability of
     ///   0 (a NaN entropy, every score NaN), or a non-finite logit above `-inf`: `false`.
     /// * The exponentials are the platform's `expf` bits many at a time
@@ -209,36 +219,69 @@ impl Typical {
                 *ln_p = p.ln();
                 entropy += -*p * *ln_p;
             }
-            // Ascending scores (non-negative: their bits order them).
-            b.keys.clear();
-            for (j, &ln_p) in b.ln_p.iter().enumerate() {
+            // The scores (non-negative: their bits order them), and the probabilities by score
+            // bucket (half a binade): only the scores up to the bucket where those reach `p`
+            // (with room for the f32 sum's roundings) are ranked, all of them if the cut is not
+            // among those.
+            b.scores.clear();
+            b.hist.clear();
+            b.hist.resize(SCORE_BUCKETS, 0.0);
+            for (&ln_p, &p) in b.ln_p.iter().zip(&b.p) {
                 let score = (-ln_p - entropy).abs();
                 if score.is_nan() {
                     return false;
                 }
-                b.keys.push(u64::from(score.to_bits()) << 32 | j as u64);
+                b.scores.push(score.to_bits());
+                b.hist[(score.to_bits() >> SCORE_SHIFT) as usize] += f64::from(p);
             }
-            let order = lsd_radix_sort(&mut b.keys, |k, pass| ((k >> (32 + 8 * pass)) & 0xff) as usize);
-            let at = |k: u64| k as u32 as usize;
-            let mut cum = 0.0f32;
-            let mut last = n;
-            for (i, &k) in order.iter().enumerate() {
-                cum += b.p[at(k)];
-                if cum > self.p && i + 1 >= self.min_keep {
-                    last = i + 1;
-                    break;
+            let mut reached = 0.0;
+            let target = f64::from(self.p) + 1e-4;
+            let limit = b.hist.iter().position(|&h| {
+                reached += h;
+                reached >= target
+            });
+            let below_bucket = limit.map(|k| (k as u32 + 1) << SCORE_SHIFT);
+            let tries: &[Option<u32>] = if below_bucket.is_some() { &[below_bucket, None] } else { &[None] };
+            for &limit in tries {
+                let limit = limit.unwrap_or(u32::MAX);
+                b.keys.clear();
+                b.keys.extend(
+                    b.scores
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &x)| x < limit || limit == u32::MAX)
+                        .map(|(j, &x)| u64::from(x) << 32 | j as u64),
+                );
+                let m = b.keys.len();
+                let order = lsd_radix_sort(&mut b.keys, |k, pass| ((k >> (32 + 8 * pass)) & 0xff) as usize);
+                let at = |k: u64| k as u32 as usize;
+                let mut cum = 0.0f32;
+                let mut last = None;
+                for (i, &k) in order.iter().enumerate() {
+                    cum += b.p[at(k)];
+                    if cum > self.p && i + 1 >= self.min_keep {
+                        last = Some(i + 1);
+                        break;
+                    }
                 }
+                let last = match last {
+                    Some(last) => last,
+                    None if m < n => continue, // the cut lies beyond the ranked scores
+                    None => n,
+                };
+                // The kept prefix and the first score after it, all different (a score past the
+                // ranked ones lies in a later bucket).
+                if order[..(last + 1).min(m)].windows(2).any(|w| w[0] >> 32 == w[1] >> 32) {
+                    return false;
+                }
+                for (dst, &k) in c.data.iter_mut().zip(&order[..last]) {
+                    *dst = crate::candidates::TokenData { p: b.p[at(k)], ..b.sorted[at(k)] };
+                }
+                c.truncate(last);
+                c.set_sorted(false);
+                return true;
             }
-            // The kept prefix and the first score after it, all different.
-            if order[..(last + 1).min(n)].windows(2).any(|w| w[0] >> 32 == w[1] >> 32) {
-                return false;
-            }
-            for (dst, &k) in c.data.iter_mut().zip(&order[..last]) {
-                *dst = crate::candidates::TokenData { p: b.p[at(k)], ..b.sorted[at(k)] };
-            }
-            c.truncate(last);
-            c.set_sorted(false);
-            true
+            false
         })
     }
 }
