@@ -29,7 +29,7 @@
 
 use super::{require_finite, require_min_keep, BuildContext, FromSpec, Sampler};
 use crate::arch;
-use crate::candidates::{lsd_radix_sort, total_order_key, Candidates};
+use crate::candidates::{lsd_radix_sort, rank_scores_below, total_order_key, Candidates, ScoreBuckets};
 use crate::convention::llama_cpp;
 use crate::error::{Error, Result};
 use crate::params::spec::Bound;
@@ -156,12 +156,8 @@ struct Ranked {
     /// The scores' bits in that order.
     scores: Vec<u32>,
     /// The probabilities by score bucket.
-    hist: Vec<f64>,
+    hist: ScoreBuckets,
 }
-
-/// The probability histogram's buckets: a score's top 10 bits (its sign is 0), half a binade.
-const SCORE_SHIFT: u32 = 22;
-const SCORE_BUCKETS: usize = 1 << (32 - SCORE_SHIFT);
 
 impl Typical {
     /// `apply` on an unsorted array, with the same result, without llama.cpp's sorts of every
@@ -224,36 +220,17 @@ impl Typical {
             // (with room for the f32 sum's roundings) are ranked, all of them if the cut is not
             // among those.
             b.scores.clear();
-            b.hist.clear();
-            b.hist.resize(SCORE_BUCKETS, 0.0);
-            for (&ln_p, &p) in b.ln_p.iter().zip(&b.p) {
+            for &ln_p in &b.ln_p {
                 let score = (-ln_p - entropy).abs();
                 if score.is_nan() {
                     return false;
                 }
                 b.scores.push(score.to_bits());
-                b.hist[(score.to_bits() >> SCORE_SHIFT) as usize] += f64::from(p);
             }
-            let mut reached = 0.0;
-            let target = f64::from(self.p) + 1e-4;
-            let limit = b.hist.iter().position(|&h| {
-                reached += h;
-                reached >= target
-            });
-            let below_bucket = limit.map(|k| (k as u32 + 1) << SCORE_SHIFT);
-            let tries: &[Option<u32>] = if below_bucket.is_some() { &[below_bucket, None] } else { &[None] };
-            for &limit in tries {
-                let limit = limit.unwrap_or(u32::MAX);
-                b.keys.clear();
-                b.keys.extend(
-                    b.scores
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, &x)| x < limit || limit == u32::MAX)
-                        .map(|(j, &x)| u64::from(x) << 32 | j as u64),
-                );
-                let m = b.keys.len();
-                let order = lsd_radix_sort(&mut b.keys, |k, pass| ((k >> (32 + 8 * pass)) & 0xff) as usize);
+            b.hist.fill(b.scores.iter().copied().zip(b.p.iter().map(|&p| f64::from(p))));
+            for limit in b.hist.limits(f64::from(self.p) + 1e-4) {
+                let order = rank_scores_below(&b.scores, limit, &mut b.keys);
+                let m = order.len();
                 let at = |k: u64| k as u32 as usize;
                 let mut cum = 0.0f32;
                 let mut last = None;

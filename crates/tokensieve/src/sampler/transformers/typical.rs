@@ -22,7 +22,7 @@
 //! Spec: `typical(mass, min_tokens_to_keep)` (default 1); `typical_p=` is accepted for `mass`.
 
 use crate::arch;
-use crate::candidates::{lsd_radix_sort, Candidates, TokenData};
+use crate::candidates::{rank_scores_below, Candidates, ScoreBuckets, TokenData};
 use crate::convention::transformers::{ensure_dense, fl32, max_logit, remove, sort_ascending, weights_into, Cumsum};
 use crate::error::{Error, Result};
 use crate::params::spec::Bound;
@@ -168,21 +168,16 @@ struct Ranked {
     w: Vec<f64>,
     /// The log-softmax's exponentials `exp(f64(ls))`, by id.
     e: Vec<f64>,
-    /// The scores `|-ls - ent|`, by id.
-    scores: Vec<f32>,
-    /// The weights of the scores by their top 12 bits.
-    hist: Vec<f64>,
+    /// The scores `|-ls - ent|`' bits, by id.
+    scores: Vec<u32>,
+    /// The weights by score bucket.
+    hist: ScoreBuckets,
     /// `(bits of score) << 32 | id` of the ranked tokens, sorted by their high half (and
     /// twice as long: the radix sort's other buffer).
     keys: Vec<u64>,
     /// The first `min_tokens_to_keep` ranked tokens' ids and logits.
     kept: Vec<(usize, f32)>,
 }
-
-/// The weight histogram's buckets: a score's top 10 bits (its sign is 0), so a bucket spans
-/// half a binade.
-const SCORE_SHIFT: u32 = 22;
-const SCORE_BUCKETS: usize = 1 << (32 - SCORE_SHIFT);
 
 impl Typical {
     /// [`Typical::remove_atypical`] on a dense row, with the same result, without the sort of
@@ -237,51 +232,22 @@ impl Typical {
                 // One addition after another, as the obvious implementation.
                 None => -(b.e.iter().fold(0.0f64, |acc, &x| acc + x) as f32),
             };
+            // Non-negative: their bits order them.
             b.scores.clear();
-            b.scores.extend(data.iter().map(|t| ((-log_softmax(t.logit)) - ent).abs()));
-            if b.scores.iter().any(|x| x.is_nan()) {
+            b.scores.extend(data.iter().map(|t| ((-log_softmax(t.logit)) - ent).abs().to_bits()));
+            if b.scores.iter().any(|&x| f32::from_bits(x).is_nan()) {
                 return false;
             }
-            // Four histograms, entry `i` into `i % 4`, so that neighbouring tokens in one bucket
-            // do not wait on each other's additions.
-            let bucket = |x: f32| (x.to_bits() >> SCORE_SHIFT) as usize;
-            b.hist.clear();
-            b.hist.resize(4 * SCORE_BUCKETS, 0.0);
-            let (scores, weights) = (b.scores.chunks_exact(4), b.w.chunks_exact(4));
-            for (&x, &w) in scores.remainder().iter().zip(weights.remainder()) {
-                b.hist[bucket(x)] += w;
-            }
-            for (x, w) in scores.zip(weights) {
-                for h in 0..4 {
-                    b.hist[h * SCORE_BUCKETS + bucket(x[h])] += w[h];
-                }
-            }
-            let target = (self.mass as f64 + 1e-4) * sum;
-            let mut reached = 0.0;
-            let limit = (0..SCORE_BUCKETS).position(|k| {
-                reached += (b.hist[k] + b.hist[SCORE_BUCKETS + k])
-                    + (b.hist[2 * SCORE_BUCKETS + k] + b.hist[3 * SCORE_BUCKETS + k]);
-                reached >= target
-            });
-            let below_bucket = limit.map(|k| (k as u32 + 1) << SCORE_SHIFT);
-            let tries: &[Option<u32>] = if below_bucket.is_some() { &[below_bucket, None] } else { &[None] };
+            b.hist.fill(b.scores.iter().copied().zip(b.w.iter().copied()));
             let keep = self.min_tokens_to_keep;
             let slack = sum * (n as f64 + 8.0) * f64::EPSILON * 2.0;
             let (lo, hi) = (sum - slack, sum + slack);
-            for &limit in tries {
-                // Without a branch per token (most go one way, the rest at random).
-                let limit = limit.unwrap_or(u32::MAX);
-                b.keys.resize(n, 0);
-                let mut m = 0;
-                for (i, x) in b.scores.iter().enumerate() {
-                    b.keys[m] = u64::from(x.to_bits()) << 32 | i as u64;
-                    m += usize::from(x.to_bits() < limit || limit == u32::MAX);
-                }
-                b.keys.truncate(m);
+            for limit in b.hist.limits((self.mass as f64 + 1e-4) * sum) {
+                let sorted = rank_scores_below(&b.scores, limit, &mut b.keys);
+                let m = sorted.len();
                 if m < keep.min(n) {
                     continue;
                 }
-                let sorted = lsd_radix_sort(&mut b.keys, |k, pass| ((k >> (32 + 8 * pass)) & 0xff) as usize);
                 let id = |k: u64| k as u32 as usize;
                 let score = |k: u64| f32::from_bits((k >> 32) as u32);
                 let mut cum = Cumsum::default();
@@ -318,9 +284,11 @@ impl Typical {
                 }
                 b.kept.clear();
                 b.kept.extend(sorted[..keep.min(m)].iter().map(|&k| (id(k), c.data[id(k)].logit)));
+                // `remove`, without a branch; the bits order the scores.
+                let boundary = boundary.to_bits();
                 for (t, &x) in c.data.iter_mut().zip(&b.scores) {
                     if x > boundary {
-                        t.logit = f32::NEG_INFINITY; // `remove`, without a branch
+                        t.logit = f32::NEG_INFINITY;
                     }
                 }
                 for &(i, z) in &b.kept {
