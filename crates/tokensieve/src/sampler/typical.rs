@@ -147,9 +147,9 @@ const RANKED_MIN: usize = 4096;
 struct Ranked {
     /// Sort keys (and the radix sort's other half).
     keys: Vec<u64>,
-    /// The logits, then the probabilities, in descending logit order.
+    /// The weights, then the probabilities, in descending logit order.
     p: Vec<f32>,
-    /// `ln p` in that order.
+    /// The logits (the weights' arguments), then `ln p`, in that order.
     ln_p: Vec<f32>,
     /// The candidates in that order.
     sorted: Vec<crate::candidates::TokenData>,
