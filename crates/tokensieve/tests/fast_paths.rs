@@ -256,6 +256,9 @@ fn sample_matches_the_array_path() {
             Just("temperature(1.7);dist"),
             Just("temp_ext(0.5,0);dist"),
             Just("temperature(1e-30);dist"),
+            Just("top_n_sigma(1);dist"),
+            Just("top_n_sigma(0.5);top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist"),
+            Just("top_n_sigma(2);temperature(0.7);greedy"),
         ]
             .prop_map(String::from),
     ];
@@ -416,6 +419,74 @@ fn transformers_top_p_on_large_rows() {
     }
     eprintln!("transformers top_p on large rows: {fast} of {steps} took the fast path");
     assert!(fast >= steps / 4, "only {fast} of {steps}");
+}
+
+/// `top_n_sigma` on the whole row: its threshold bounded from the row's sums and the survivors
+/// gathered (`dense::top_n_sigma`). Peaked, Gaussian, tied and bf16-rounded rows at three sizes
+/// and the real SmolLM2 row, each with `-inf` entries too, and tails that sort (where equal
+/// survivors must fall back) and that do not: the same tokens as the array path over several
+/// steps, with the fast path taken on most steps of the rows without ties. `apply` (the
+/// array, masked through the bounds) leaves the array path's candidates.
+#[test]
+fn top_n_sigma_on_large_rows() {
+    let npy = concat!(env!("CARGO_MANIFEST_DIR"), "/../tokensieve-cli/testdata/example-logits.npy");
+    let real = tokensieve_testkit::cli::read_npy_f32(npy.as_ref()).1;
+    let mut rows = vec![("real".to_string(), real)];
+    for (i, v) in [4_099usize, 32_000, 128_256].into_iter().enumerate() {
+        for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::Ties, RowKind::Bf16, RowKind::NegInf] {
+            let row = generate::row(kind, v, i as u64 + 11);
+            rows.push((format!("{kind:?} V={v}"), row));
+        }
+    }
+    let mut masked = rows[0].1.clone();
+    masked.iter_mut().step_by(7).for_each(|x| *x = f32::NEG_INFINITY);
+    masked[0] = f32::NEG_INFINITY;
+    rows.push(("real, every 7th -inf".to_string(), masked));
+    // `expected`: steps on language-model-like rows with `n <= 1` and no `temperature` before a
+    // sort, where the bounds should decide (a Gaussian row, or `n = 2`, puts many logits near
+    // the threshold: the bounds' interval, about 0.4% of `n·σ` wide at V = 128k, then holds
+    // some of them).
+    let (mut fast, mut steps, mut expected, mut fast_expected, mut fell_back) = (0, 0, 0, 0, 0);
+    for (name, row) in &rows {
+        let lm_like = name.starts_with("Peaked") || name.starts_with("real");
+        for spec in [
+            "top_n_sigma(1);dist",
+            "top_n_sigma(1);top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist",
+            "top_n_sigma(0.5);temperature(0.7);dist",
+            "top_n_sigma(2);top_p(0.9,1);dist",
+            "top_n_sigma(1.5);min_p(0.2,3);greedy",
+            "top_n_sigma(1);temperature(0.8);top_k(5);dist",
+        ] {
+            let ctx = BuildContext::new(row.len(), RngConfig::mt19937(steps as u32));
+            let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+            let mut stages = chain.stages().to_vec();
+            for step in 0..3 {
+                let want = array_path(&mut stages, row).unwrap();
+                let got = chain.sample(row).unwrap();
+                steps += 1;
+                let path = chain.last_path();
+                fast += (path == Path::Fast("top-n-sigma")) as usize;
+                fell_back += (path == Path::Fallback("top-n-sigma")) as usize;
+                if lm_like
+                    && (spec.starts_with("top_n_sigma(1)") || spec.starts_with("top_n_sigma(0.5)"))
+                    && !spec.contains("temperature(0.8);top_k")
+                {
+                    expected += 1;
+                    fast_expected += (path == Path::Fast("top-n-sigma")) as usize;
+                }
+                assert_eq!(Some(got), want.selected_token(), "{spec} {name} step {step}");
+                stages.iter_mut().for_each(|s| s.accept(got));
+            }
+            let mut applied =
+                Chain::from_spec_for_apply(&spec.replace(";dist", "").replace(";greedy", ""), &ctx).unwrap();
+            let want = array_path(&mut applied.stages().to_vec(), row).unwrap();
+            let got = applied.apply(row).unwrap();
+            same(got, &want).unwrap_or_else(|e| panic!("apply {spec} {name}: {e}"));
+        }
+    }
+    eprintln!("top_n_sigma on large rows: {fast} of {steps} steps took the fast path, {fell_back} fell back");
+    assert!(fast_expected * 10 >= expected * 9, "only {fast_expected} of {expected}");
+    assert!(fell_back > 0, "no step fell back");
 }
 
 /// transformers' `epsilon` on the whole row (`row::cut_below`): each token's test is decided

@@ -561,6 +561,15 @@ pub unsafe fn count_ge(values: &[f32], threshold: f32) -> usize {
     n + tail.iter().filter(|&&x| x >= threshold).count()
 }
 
+/// See `arch::moments`: the portable lanes, compiled for AVX2 (16 f32 lanes, two vectors).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn moments(values: &[f32]) -> (usize, f32, f64, f64) {
+    super::portable::moments::<_, true>(values, |&x| x)
+}
+
 /// Bit `i` set for every `i` with `piece[i] >= threshold` (`t` holds it in every lane), for a
 /// `piece` of at most 64 entries.
 #[target_feature(enable = "avx2,fma")]

@@ -524,6 +524,29 @@ pub fn count_ge(values: &[f32], threshold: f32) -> usize {
     }
 }
 
+/// How many values each f32 lane of [`moments`] adds before its partial sums move to f64.
+pub(crate) const MOMENT_RUN: usize = 64;
+
+/// The values of `values` other than `-inf`: their count, their maximum (`-inf` if none),
+/// `Σ x` and `Σ x²`, as f64 totals of f32 partial sums. Each of 16 f32 lanes adds at most
+/// [`MOMENT_RUN`] values (or squares, by fused multiply-adds or rounded to f32 first) before
+/// its sums are added into f64, so each total lies within `γ_(MOMENT_RUN + 1)` (f32's unit)
+/// of the exact one relative to `Σ |x|` (`Σ x²`), plus the f64 additions' rounding and
+/// `2^-149` per value below f32's normal range. A NaN or `+inf` value makes the sums NaN or
+/// infinite.
+///
+/// For llama.cpp's `top_n_sigma` statistics ([`crate::sampler::top_n_sigma`]). PERF: f32
+/// lanes cost about two max passes at V = 128k (Zen 4); f64 lanes cost several times that,
+/// and runs of 16 half as much again (their f64 additions spill).
+pub(crate) fn moments(values: &[f32]) -> (usize, f32, f64, f64) {
+    match caps().isa {
+        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::moments(values) },
+        _ => portable::moments::<_, false>(values, |&x| x),
+    }
+}
+
 /// Calls `f(i, block[i])` for every `i` with `block[i] >= threshold`, in index order, for a
 /// `block` of at most [`BLOCK`] entries. For sparse hits: a vector compare per 8 entries,
 /// then one call per hit.
@@ -1202,6 +1225,44 @@ fn approx_sums_error(total: f64, weighted: f64, sub: f32, n: usize) -> f64 {
 pub mod portable {
     use super::BLOCK;
     use crate::candidates::TokenData;
+
+    /// See [`super::moments`], over `value` of each item: 16 independent f32 lanes (which the
+    /// compiler turns into vector operations), runs of [`super::MOMENT_RUN`] values each.
+    /// `FUSED`: each square added by a fused multiply-add (for targets that have one).
+    #[inline(always)]
+    pub(crate) fn moments<T, const FUSED: bool>(items: &[T], value: impl Fn(&T) -> f32) -> (usize, f32, f64, f64) {
+        const LANES: usize = 16;
+        let (mut sum, mut sq) = ([0.0f64; LANES], [0.0f64; LANES]);
+        let mut count = [0u32; LANES];
+        let mut max = [f32::NEG_INFINITY; LANES];
+        for run in items.chunks(LANES * super::MOMENT_RUN) {
+            let (mut s, mut q) = ([0.0f32; LANES], [0.0f32; LANES]);
+            let (chunks, tail) = run.as_chunks::<LANES>();
+            let mut add = |j: usize, x: f32| {
+                let kept = x != f32::NEG_INFINITY;
+                let y = if kept { x } else { 0.0 };
+                s[j] += y;
+                q[j] = if FUSED { y.mul_add(y, q[j]) } else { q[j] + y * y };
+                count[j] += u32::from(kept);
+                max[j] = if x > max[j] { x } else { max[j] };
+            };
+            for c in chunks {
+                for (j, t) in c.iter().enumerate() {
+                    add(j, value(t));
+                }
+            }
+            for (j, t) in tail.iter().enumerate() {
+                add(j, value(t));
+            }
+            for j in 0..LANES {
+                sum[j] += s[j] as f64;
+                sq[j] += q[j] as f64;
+            }
+        }
+        let count = count.iter().map(|&n| n as usize).sum();
+        let max = max.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        (count, max, sum.iter().sum(), sq.iter().sum())
+    }
 
     /// See [`super::max`]. Written as 32 independent lanes (fixed-size arrays), which the
     /// compiler turns into vector compares and selects on any target with SIMD in its base

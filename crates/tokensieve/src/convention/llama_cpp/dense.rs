@@ -68,7 +68,13 @@
 //!    * `mirostat` and `mirostat_v2` (no overlay): the full sort and softmax they start with,
 //!      as far as the prefix they keep: the row's top entries sorted, their f32 softmax sum
 //!      added in order and certified over the rest of the row in any order, in larger tries
-//!      until the prefix and the entry after it are among them (see `mirostat`).
+//!      until the prefix and the entry after it are among them (see `mirostat`);
+//!    * `top_n_sigma(n)` (when sampling, no overlay), followed only by `temperature`, `top_k`,
+//!      `top_p`, `min_p`, `dist` and `greedy`: its threshold bounded from f64 sums
+//!      (`top_n_sigma::Moments`), and the entries at or above the lower bound gathered, as long as none
+//!      lies below the upper one. llama.cpp masks the rest to `-inf` and keeps them in the
+//!      array, where those stages give them no weight, so the survivors alone give the same
+//!      token (see `top_n_sigma`).
 //!
 //! A chain whose first stage follows the transformers convention goes to
 //! `convention::transformers::row` (crate-private) after step 1.
@@ -117,6 +123,7 @@ use crate::sampler::dist::Dist;
 use crate::sampler::mirostat::MuFeedback;
 use crate::sampler::mirostat_v2::surprise_exceeds;
 use crate::sampler::penalties::Penalties;
+use crate::sampler::top_n_sigma::Moments;
 use crate::sampler::{Sampler, Stage};
 use crate::stdsort;
 
@@ -535,6 +542,9 @@ fn dispatch(
         {
             let from = s.row_applied;
             return Ok(transformers::row::prepare(stages, first, r, s, c)?.unwrap_or_else(|| array(r, from, c)));
+        }
+        Some(Stage::TopNSigma(t)) if need == Need::Token && s.overlay.is_empty() && !t.is_inert() => {
+            top_n_sigma(t.n(), &stages[first + 1..], r, s, c)
         }
         Some(Stage::Greedy(_)) if need == Need::Token => {
             s.path = Path::Fast("greedy");
@@ -1145,6 +1155,53 @@ fn min_p_keeps_all((p, min_keep): (f32, usize), r: &[f32], summary: Summary, s: 
     }
     let min_logit = summary.max + p.ln();
     s.block_max.iter().all(|&bm| bm >= min_logit) && arch::count_ge(r, min_logit) == r.len()
+}
+
+/// `top_n_sigma(n)` on the untouched row when sampling, followed by `tail`: the candidates are
+/// the entries it keeps, in row order, after an entry for token 0 (as `-inf`) when it masks
+/// that one; `false` where that cannot be shown to give the array path's token.
+///
+/// llama.cpp keeps the masked entries in the array as `-inf`. The stages allowed after it
+/// give them zero weight and never select one, so leaving them out changes no token, with
+/// two exceptions handled here:
+/// * `dist` with `u = 0` selects index 0 whatever its weight: token 0 stays at the front;
+/// * a sort orders equal values by the whole array's history: where `top_k`, `top_p` or
+///   `min_p` (whose fallback sorts) follow, the survivors must be pairwise distinct, and no
+///   `temperature` may come before them (its rounding can make distinct values equal).
+///
+/// The bounds on the threshold ([`Moments::threshold_bounds`]) decide every entry below the
+/// lower one; the gathered entries must all reach the upper one.
+fn top_n_sigma(n: f32, tail: &[Stage], r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bool {
+    let (mut sorting, mut scaled) = (false, false);
+    for stage in tail {
+        match stage {
+            _ if stage.is_inert() => {}
+            Stage::Temperature(_) => scaled = true,
+            Stage::TopK(_) | Stage::TopP(_) | Stage::MinP(_) if !scaled => sorting = true,
+            Stage::Dist(_) | Stage::Greedy(_) => {}
+            _ => return false,
+        }
+    }
+    let Some((lo, hi)) = Moments::of_row(r).threshold_bounds(n) else { return false };
+    gather_at_least(r, &s.block_max, &[], lo, &mut s.gathered, &mut s.blocks);
+    if s.gathered.iter().any(|t| t.logit < hi) {
+        return false;
+    }
+    if sorting {
+        // `+ 0.0` makes `-0.0` and `0.0` one key: they tie in llama.cpp's comparisons.
+        s.ranks.clear();
+        s.ranks.extend(s.gathered.iter().map(|t| total_order_key(t.logit + 0.0)));
+        s.ranks.sort_unstable();
+        if s.ranks.windows(2).any(|w| w[0] == w[1]) {
+            return false;
+        }
+    }
+    c.begin(r.len());
+    if r[0] < lo {
+        c.data.push(TokenData { id: 0, logit: f32::NEG_INFINITY, p: 0.0 });
+    }
+    c.data.extend_from_slice(&s.gathered);
+    true
 }
 
 /// Pops the largest entry of a max-heap (by logit) stored in `h[..*len]`.
