@@ -259,6 +259,10 @@ fn sample_matches_the_array_path() {
             Just("top_n_sigma(1);dist"),
             Just("top_n_sigma(0.5);top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist"),
             Just("top_n_sigma(2);temperature(0.7);greedy"),
+            Just("xtc(0.5,0.1,1);temperature(0.8);dist"),
+            Just("xtc(0.5,0.1,1);top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist"),
+            Just("penalties(64,1.1,0.1,0.1);xtc(0.5,0.05,2);top_k(40);dist"),
+            Just("xtc(1,0.2,1);dist"),
         ]
             .prop_map(String::from),
     ];
@@ -487,6 +491,55 @@ fn top_n_sigma_on_large_rows() {
     eprintln!("top_n_sigma on large rows: {fast} of {steps} steps took the fast path, {fell_back} fell back");
     assert!(fast_expected * 10 >= expected * 9, "only {fast_expected} of {expected}");
     assert!(fell_back > 0, "no step fell back");
+}
+
+/// `xtc` first when sampling: its draw made before the row is read, the rest of the chain on
+/// the row when it does not fire (any fallback starting after it), the array path when it
+/// does. Over 12 steps per chain the same tokens as the array path (so every stage's stream
+/// stays aligned), on peaked rows, rows with ties and the real row, with penalties before it
+/// (an overlay: the array path) and without, and with a stage after it whose fast path falls
+/// back to the array (which must start after `xtc`, and run the penalties).
+#[test]
+fn xtc_first_draws_as_the_array_path() {
+    let npy = concat!(env!("CARGO_MANIFEST_DIR"), "/../tokensieve-cli/testdata/example-logits.npy");
+    let mut rows = vec![("real".to_string(), tokensieve_testkit::cli::read_npy_f32(npy.as_ref()).1)];
+    for (i, v) in [4_099usize, 32_000].into_iter().enumerate() {
+        for kind in [RowKind::Peaked, RowKind::Ties] {
+            rows.push((format!("{kind:?} V={v}"), generate::row(kind, v, i as u64 + 3)));
+        }
+    }
+    let (mut skipped, mut fired, mut steps) = (0, 0, 0);
+    for (name, row) in &rows {
+        for spec in [
+            "xtc(0.5,0.1,1);temperature(0.8);dist",
+            "xtc(0.5,0.05,1);top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist",
+            "xtc(0.3,0.1,2);top_k(3);dist",
+            "penalties(64,1.1,0.1,0.1);xtc(0.5,0.05,2);top_k(40);dist",
+            "xtc(0.5,0.1,1);greedy",
+            // `min_p` keeping fewer than `min_keep`: its fast path falls back to the array.
+            "xtc(0.5,0.1,1);min_p(0.5,100);temperature(0.8);dist",
+            "penalties(64,1.5,0.5,0.5);xtc(0.5,0.1,1);min_p(0.5,100);dist",
+        ] {
+            for rng in [RngConfig::mt19937(steps as u32), RngConfig::philox(steps as u64)] {
+                let ctx = BuildContext::new(row.len(), rng);
+                let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+                let mut stages = chain.stages().to_vec();
+                for step in 0..12 {
+                    let want = array_path(&mut stages, row).unwrap();
+                    let got = chain.sample(row).unwrap();
+                    steps += 1;
+                    match chain.last_path() {
+                        Path::Fallback("xtc") => fired += 1,
+                        _ => skipped += 1,
+                    }
+                    assert_eq!(Some(got), want.selected_token(), "{spec} {name} step {step}");
+                    stages.iter_mut().for_each(|s| s.accept(got));
+                }
+            }
+        }
+    }
+    eprintln!("xtc first: {skipped} of {steps} steps skipped it, {fired} took the array path");
+    assert!(skipped * 3 >= steps && fired * 5 >= steps, "{skipped} skipped, {fired} fired of {steps}");
 }
 
 /// transformers' `epsilon` on the whole row (`row::cut_below`): each token's test is decided

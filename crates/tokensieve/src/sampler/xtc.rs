@@ -64,22 +64,22 @@ impl Xtc {
     }
 }
 
-impl Sampler for Xtc {
-    fn name(&self) -> &'static str {
-        if self.is_inert() {
-            "?xtc"
-        } else {
-            "xtc"
-        }
+impl Xtc {
+    /// The draw `apply` makes when it draws (two candidates or more, not inert): the chance
+    /// that [`Xtc::fires`] compares with `probability`.
+    pub(crate) fn draw(&mut self) -> f32 {
+        self.rng.uniform_f32()
     }
 
-    fn apply(&mut self, c: &mut Candidates) -> Result<()> {
-        if self.is_inert() || c.len() < 2 {
-            return Ok(());
-        }
-        let chance = self.rng.uniform_f32();
-        if chance > self.probability {
-            return Ok(());
+    /// Whether the draw `chance` applies the stage.
+    pub(crate) fn fires(&self, chance: f32) -> bool {
+        chance <= self.probability
+    }
+
+    /// `apply` once it has drawn `chance`.
+    pub(crate) fn apply_drawn(&self, c: &mut Candidates, chance: f32) {
+        if !self.fires(chance) {
+            return;
         }
         llama_cpp::softmax(c, true);
         let mut last = 0;
@@ -93,6 +93,24 @@ impl Sampler for Xtc {
         if c.len() - last >= self.min_keep && last > 0 {
             c.drop_front(last);
         }
+    }
+}
+
+impl Sampler for Xtc {
+    fn name(&self) -> &'static str {
+        if self.is_inert() {
+            "?xtc"
+        } else {
+            "xtc"
+        }
+    }
+
+    fn apply(&mut self, c: &mut Candidates) -> Result<()> {
+        if self.is_inert() || c.len() < 2 {
+            return Ok(());
+        }
+        let chance = self.draw();
+        self.apply_drawn(c, chance);
         Ok(())
     }
 

@@ -74,7 +74,9 @@
 //!      (`top_n_sigma::Moments`), and the entries at or above the lower bound gathered, as long as none
 //!      lies below the upper one. llama.cpp masks the rest to `-inf` and keeps them in the
 //!      array, where those stages give them no weight, so the survivors alone give the same
-//!      token (see `top_n_sigma`).
+//!      token (see `top_n_sigma`);
+//!    * `xtc` (when sampling): its draw first; a draw that leaves it out sends the rest of
+//!      the chain to these paths, as if it came first (see `xtc`).
 //!
 //! A chain whose first stage follows the transformers convention goes to
 //! `convention::transformers::row` (crate-private) after step 1.
@@ -497,6 +499,11 @@ fn dispatch(
     s: &mut Scratch,
     need: Need,
 ) -> Result<Prepared> {
+    if let Some(Stage::Xtc(x)) = stages.get_mut(first) {
+        if need == Need::Token && !x.is_inert() && r.len() >= 2 {
+            return xtc(stages, first, r, summary, c, s);
+        }
+    }
     if need == Need::Token && s.overlay.is_empty() {
         if let Some(done) = top_p_dist(stages, first, r, summary, s, c)? {
             return Ok(done);
@@ -569,6 +576,40 @@ fn dispatch(
         s.path = Path::Fallback(name);
         Ok(array(r, s.row_applied, c))
     }
+}
+
+/// `xtc` first when sampling: its draw, made here as its `apply` would make it (the array holds
+/// the whole row, so at least two candidates). When the draw leaves the stage out, the row is
+/// what llama.cpp's array would be after it (the leading edits left no overlay), and the rest
+/// of the chain takes its own path on it, every fallback starting after `xtc`
+/// ([`Scratch::row_applied`]); otherwise the array path, with the draw made. `xtc` applies with chance `probability` (llama.cpp's
+/// usual 0.5 or less), so most tokens skip the array.
+fn xtc(
+    stages: &mut [Stage],
+    first: usize,
+    r: &[f32],
+    summary: Summary,
+    c: &mut Candidates,
+    s: &mut Scratch,
+) -> Result<Prepared> {
+    let Stage::Xtc(x) = &mut stages[first] else { unreachable!("dispatch matched xtc") };
+    let chance = x.draw();
+    // With an overlay, `r` does not reflect the edits before `xtc`: the array path runs them.
+    if !x.fires(chance) && s.overlay.is_empty() {
+        let before = s.row_applied;
+        s.row_applied = first + 1;
+        let out = dispatch(stages, first + 1, r, summary, c, s, Need::Token);
+        s.row_applied = before;
+        return out;
+    }
+    c.fill_validated(r);
+    for stage in &mut stages[s.row_applied..first] {
+        stage.apply(c)?;
+    }
+    let Stage::Xtc(x) = &stages[first] else { unreachable!("dispatch matched xtc") };
+    x.apply_drawn(c, chance);
+    s.path = Path::Fallback("xtc");
+    Ok(Prepared::Built { applied: first + 1 })
 }
 
 /// The array path: the candidates exactly as [`Candidates::fill`] builds them from `r`, which
