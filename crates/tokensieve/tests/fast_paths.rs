@@ -425,6 +425,12 @@ fn transformers_top_p_on_large_rows() {
     assert!(fast >= steps / 4, "only {fast} of {steps}");
 }
 
+/// The real SmolLM2-135M row (the CLI's example: logits after "The capital of France is").
+fn real_row() -> Vec<f32> {
+    let npy = concat!(env!("CARGO_MANIFEST_DIR"), "/../tokensieve-cli/testdata/example-logits.npy");
+    tokensieve_testkit::cli::read_npy_f32(npy.as_ref()).1
+}
+
 /// `top_n_sigma` on the whole row: its threshold bounded from the row's sums and the survivors
 /// gathered (`dense::top_n_sigma`). Peaked, Gaussian, tied and bf16-rounded rows at three sizes
 /// and the real SmolLM2 row, each with `-inf` entries too, and tails that sort (where equal
@@ -433,16 +439,14 @@ fn transformers_top_p_on_large_rows() {
 /// array, masked through the bounds) leaves the array path's candidates.
 #[test]
 fn top_n_sigma_on_large_rows() {
-    let npy = concat!(env!("CARGO_MANIFEST_DIR"), "/../tokensieve-cli/testdata/example-logits.npy");
-    let real = tokensieve_testkit::cli::read_npy_f32(npy.as_ref()).1;
-    let mut rows = vec![("real".to_string(), real)];
+    let mut rows = vec![("real".to_string(), real_row())];
     for (i, v) in [4_099usize, 32_000, 128_256].into_iter().enumerate() {
         for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::Ties, RowKind::Bf16, RowKind::NegInf] {
             let row = generate::row(kind, v, i as u64 + 11);
             rows.push((format!("{kind:?} V={v}"), row));
         }
     }
-    let mut masked = rows[0].1.clone();
+    let mut masked = real_row();
     masked.iter_mut().step_by(7).for_each(|x| *x = f32::NEG_INFINITY);
     masked[0] = f32::NEG_INFINITY;
     rows.push(("real, every 7th -inf".to_string(), masked));
@@ -501,8 +505,7 @@ fn top_n_sigma_on_large_rows() {
 /// back to the array (which must start after `xtc`, and run the penalties).
 #[test]
 fn xtc_first_draws_as_the_array_path() {
-    let npy = concat!(env!("CARGO_MANIFEST_DIR"), "/../tokensieve-cli/testdata/example-logits.npy");
-    let mut rows = vec![("real".to_string(), tokensieve_testkit::cli::read_npy_f32(npy.as_ref()).1)];
+    let mut rows = vec![("real".to_string(), real_row())];
     for (i, v) in [4_099usize, 32_000].into_iter().enumerate() {
         for kind in [RowKind::Peaked, RowKind::Ties] {
             rows.push((format!("{kind:?} V={v}"), generate::row(kind, v, i as u64 + 3)));
@@ -550,9 +553,7 @@ fn xtc_first_draws_as_the_array_path() {
 /// on most of them.
 #[test]
 fn transformers_epsilon_on_large_rows() {
-    let npy = concat!(env!("CARGO_MANIFEST_DIR"), "/../tokensieve-cli/testdata/example-logits.npy");
-    let real = tokensieve_testkit::cli::read_npy_f32(npy.as_ref()).1;
-    let mut rows = vec![("real".to_string(), real)];
+    let mut rows = vec![("real".to_string(), real_row())];
     for (i, v) in [4_099usize, 32_000, 128_256].into_iter().enumerate() {
         for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::ShiftedDown] {
             for scale in [1.0f32, 3.0, 10.0] {

@@ -582,8 +582,8 @@ fn dispatch(
 /// the whole row, so at least two candidates). When the draw leaves the stage out, the row is
 /// what llama.cpp's array would be after it (the leading edits left no overlay), and the rest
 /// of the chain takes its own path on it, every fallback starting after `xtc`
-/// ([`Scratch::row_applied`]); otherwise the array path, with the draw made. `xtc` applies with chance `probability` (llama.cpp's
-/// usual 0.5 or less), so most tokens skip the array.
+/// ([`Scratch::row_applied`]); otherwise the array path, with the draw made. `xtc` applies
+/// with chance `probability` (llama.cpp's usual 0.5 or less), so most tokens skip the array.
 fn xtc(
     stages: &mut [Stage],
     first: usize,
