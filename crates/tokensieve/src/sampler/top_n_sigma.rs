@@ -25,11 +25,12 @@
 //! logits fall below the threshold, and the rounding of a sequential sum is bounded (Higham's
 //! `γ_{n-1} Σ|x_i|`), so the row's count, `Σ x` and `Σ x²` are summed in SIMD lanes
 //! (`arch::moments`) and bound an interval that must hold llama.cpp's f32 threshold, about
-//! `0.4%` of `n·σ` wide at V = 128k. Where no logit lies in it, every mask is decided without
-//! the sequential sums; otherwise they run as written. That is most language-model rows at
-//! `n <= 1`; at larger `n`, or on a Gaussian row, the threshold lies where logits are dense,
-//! and on a row whose mean is far from zero beside a small spread (`Σ x²` then cancels) the
-//! interval says nothing. Sampling from a whole row also skips the candidate array
+//! `0.4%` of `n·σ` wide at V = 128k. Where a logit lies in it, a second pass bounds the
+//! accumulation from the partial sums' growth and binades instead (about 0.4 as wide). Where
+//! no logit lies in the interval, every mask is decided without the sequential sums; otherwise
+//! they run as written. That is most language-model rows; on a Gaussian row the threshold lies
+//! where logits are dense, and on a row whose mean is far from zero beside a small spread
+//! (`Σ x²` then cancels) the interval says nothing. Sampling from a whole row also skips the candidate array
 //! (`convention::llama_cpp::dense`).
 
 use super::{require_finite, BuildContext, FromSpec, Sampler};
@@ -150,6 +151,25 @@ impl Moments {
     /// The f64 sums and the evaluation of `Q` err by far less than the slack added for them
     /// (`8·c·2^-53` of every magnitude involved).
     pub(crate) fn threshold_bounds(&self, n: f32) -> Option<(f32, f32)> {
+        self.bounds(n, None)
+    }
+
+    /// [`Moments::threshold_bounds`], narrower (about 0.4 as wide at V = 128k): llama.cpp's
+    /// accumulation of the squares bounded from these logits (`value` of `items`, the ones
+    /// the moments were taken of) in a second pass ([`accumulation_error`]) instead of by
+    /// `γ_c`. For where the first interval holds a logit.
+    pub(crate) fn refined_threshold_bounds<T>(
+        &self,
+        n: f32,
+        items: &[T],
+        value: impl Fn(&T) -> f32,
+    ) -> Option<(f32, f32)> {
+        self.bounds(n, Some(&|m_lo, m_hi| accumulation_error(items, &value, m_lo, m_hi)))
+    }
+
+    /// The threshold's bounds, llama.cpp's accumulation of the squares bounded by `γ_c` or by
+    /// `refine(m_lo, m_hi)` (a bound for every mean in `[m_lo, m_hi]`) where that is smaller.
+    fn bounds(&self, n: f32, refine: Option<&dyn Fn(f64, f64) -> f64>) -> Option<(f32, f32)> {
         let Moments { count, max, sum, sq } = *self;
         if !((2..1 << 24).contains(&count) && sum.is_finite() && sq.is_finite() && max.is_finite()) {
             return None;
@@ -172,10 +192,14 @@ impl Moments {
         let vertex = (sum / c).clamp(m_lo, m_hi);
         let q_min = q(vertex) - q_err(vertex);
         let q_max = q(m_lo).max(q(m_hi)) + q_err(m_lo).max(q_err(m_hi));
-        // The f32 accumulation of the squares.
-        let g = gamma(c, u + 2f64.powi(-52));
-        let acc_lo = (q_min * (1.0 - u) * (1.0 - u) * (1.0 - g) * (1.0 - slack) - tiny).max(0.0);
-        let acc_hi = q_max * (1.0 + u) * (1.0 + u) * (1.0 + g) * (1.0 + slack) + tiny;
+        // The squares' exact sum, then llama.cpp's f32 accumulation of them.
+        let (sq_lo, sq_hi) = (q_min * (1.0 - u) * (1.0 - u), q_max * (1.0 + u) * (1.0 + u));
+        let mut e_acc = gamma(c, u + 2f64.powi(-52)) * sq_hi;
+        if let Some(refine) = refine {
+            e_acc = e_acc.min(refine(m_lo, m_hi));
+        }
+        let acc_lo = ((sq_lo - e_acc) * (1.0 - slack) - tiny).max(0.0);
+        let acc_hi = (sq_hi + e_acc) * (1.0 + slack) + tiny;
         let cf = count as f32;
         let sigma_lo = (f32_at_least(acc_lo) / cf).sqrt();
         let sigma_hi = (f32_at_most(acc_hi) / cf).sqrt();
@@ -183,6 +207,58 @@ impl Moments {
         (lo.is_finite() && hi.is_finite()).then_some((lo, hi))
     }
 }
+
+/// A bound on how far llama.cpp's accumulation `acc = fl32(fl64(acc + d²))` of the squared
+/// deviations `d = fl32(x - m)` of the logits (`value` of `items`, `-inf` skipped) lies from
+/// their exact sum, for every mean `m` in `[m_lo, m_hi]`.
+///
+/// Each step errs by at most half an f32 ulp of its result (plus the f64 rounding, `2^-28` of
+/// that), and the results grow with the partial sums: in runs of [`REFINE_RUN`] logits, every
+/// partial sum up to a run's end is at most `(1 + γ_c)` times the exact prefix up to it, which
+/// `(|x - m_c| + h)²·(1 + u)²` bounds term by term (`m_c`, `h`: the interval's middle and
+/// half-width). So each of a run's steps errs by at most `u` times the power of two at or
+/// below that bound (and `2^-150` below f32's normal range). Where the deviations are spread
+/// along the row, this is about a third of Higham's `γ_c·Σ d²`: half from the partial sums'
+/// growth, and about 0.7 from the binades.
+fn accumulation_error<T>(items: &[T], value: &impl Fn(&T) -> f32, m_lo: f64, m_hi: f64) -> f64 {
+    const LANES: usize = 8;
+    let u = 2f64.powi(-24);
+    let (mc, h) = (0.5 * (m_lo + m_hi), 0.5 * (m_hi - m_lo));
+    let kept_total = items.iter().filter(|t| value(t) != f32::NEG_INFINITY).count() as f64;
+    let unit = u + 2f64.powi(-52);
+    let gamma = kept_total * unit / (1.0 - kept_total * unit);
+    // The squares' rounding (d against x - m), and the f64 arithmetic here.
+    let grow = (1.0 + u) * (1.0 + u) * (1.0 + 2f64.powi(-40));
+    let pow2_below = |x: f64| if x > 0.0 { f64::from_bits(x.to_bits() & 0xfff0_0000_0000_0000) } else { 0.0 };
+    let (mut prefix, mut err) = (0.0f64, 0.0f64);
+    for run in items.chunks(REFINE_RUN) {
+        let (mut lanes, mut kept) = ([0.0f64; LANES], [0u32; LANES]);
+        let (chunks, tail) = run.as_chunks::<LANES>();
+        let mut add = |j: usize, x: f32| {
+            let keep = x != f32::NEG_INFINITY;
+            let a = if keep { (x as f64 - mc).abs() + h } else { 0.0 };
+            lanes[j] += a * a;
+            kept[j] += u32::from(keep);
+        };
+        for c in chunks {
+            for (j, t) in c.iter().enumerate() {
+                add(j, value(t));
+            }
+        }
+        for (j, t) in tail.iter().enumerate() {
+            add(j, value(t));
+        }
+        prefix += lanes.iter().sum::<f64>() * grow;
+        let steps = kept.iter().sum::<u32>() as f64;
+        // `1 + 2^-20`: a step's exact result may round up into the next binade.
+        err += steps * u * pow2_below(prefix * (1.0 + gamma) * (1.0 + 2f64.powi(-20))) * (1.0 + 2f64.powi(-27));
+    }
+    err + kept_total * 2f64.powi(-150)
+}
+
+/// The run length of [`accumulation_error`]: the partial sums inside a run are bounded by the
+/// prefix at its end.
+const REFINE_RUN: usize = 1024;
 
 impl Sampler for TopNSigma {
     fn name(&self) -> &'static str {
@@ -200,13 +276,20 @@ impl Sampler for TopNSigma {
         let data = c.as_mut_slice();
         // PERF: the statistics bounded from f64 lane sums decide every mask unless a logit lies
         // in the bounds' interval (see the module docs): 0.5 ms -> a pass or two at V = 128k.
-        if let Some((lo, hi)) = Moments::of_candidates(data).threshold_bounds(self.n) {
-            if !data.iter().any(|t| t.logit >= lo && t.logit < hi) {
-                for t in data.iter_mut().filter(|t| t.logit < lo) {
-                    t.logit = f32::NEG_INFINITY;
-                }
-                return Ok(());
+        let moments = Moments::of_candidates(data);
+        let decides = |(lo, hi): (f32, f32)| !data.iter().any(|t| t.logit >= lo && t.logit < hi);
+        let bounds = moments.threshold_bounds(self.n).and_then(|b| {
+            if decides(b) {
+                Some(b)
+            } else {
+                moments.refined_threshold_bounds(self.n, data, |t| t.logit).filter(|&b| decides(b))
             }
+        });
+        if let Some((lo, _)) = bounds {
+            for t in data.iter_mut().filter(|t| t.logit < lo) {
+                t.logit = f32::NEG_INFINITY;
+            }
+            return Ok(());
         }
         self.apply_exact(data);
         Ok(())
@@ -271,7 +354,7 @@ mod tests {
 
     /// Rows whose statistics stress the bounds: the generator's kinds at several sizes and
     /// offsets (a mean far from 0 beside a small spread: cancellation in `Q`), subnormal and
-    /// huge magnitudes, `-inf` entries, two or three values.
+    /// huge magnitudes, `-inf` entries, rows of two or three entries, rows of two values.
     fn rows() -> Vec<(String, Vec<f32>)> {
         use tokensieve_testkit::generate::{self, RowKind};
         let mut rows = vec![];
@@ -283,15 +366,24 @@ mod tests {
                     rows.push((format!("{kind:?} x{scale}+{shift} V={v}"), row));
                 }
             }
+            // Two values, `b ± a`: every squared deviation the same, so the accumulation rounds
+            // the same way at every step of a binade (the worst case the bounds allow for).
+            for (a, b) in [(1.7f32, 0.0f32), (1.1, 0.0), (0.3, 2.0), (3.1, -7.0)] {
+                let row = (0..v).map(|i| if i % 2 == 0 { b + a } else { b - a }).collect();
+                rows.push((format!("two-valued {b}±{a} V={v}"), row));
+            }
         }
         rows
     }
 
-    /// The bounds hold llama.cpp's threshold wherever they are given, and are given (and
-    /// narrow enough to decide every mask) on most language-model-like rows.
+    /// The bounds, first and refined, hold llama.cpp's threshold wherever they are given, and
+    /// are given (and narrow enough to decide every mask) on most language-model-like rows;
+    /// the refined ones lie inside the first, and narrower on peaked rows (median below 3/4;
+    /// about 0.4 at V = 128k, where the accumulation's bound dominates).
     #[test]
     fn the_bounds_hold_the_threshold() {
-        let (mut given, mut decided, mut peaked) = (0, 0, 0);
+        let (mut given, mut decided, mut refined, mut peaked) = (0, 0, 0, 0);
+        let mut narrowing = vec![];
         for (name, row) in rows() {
             for n in [0.5f32, 1.0, 2.0, 3.7] {
                 let exact = exact_threshold(&row, n);
@@ -301,19 +393,34 @@ mod tests {
                 if let Some((lo, hi)) = Moments::of_candidates(cands.as_slice()).threshold_bounds(n) {
                     assert!(lo <= exact && exact <= hi, "{name} n {n}: {exact} outside [{lo}, {hi}] (candidates)");
                 }
-                let Some((lo, hi)) = Moments::of_row(&row).threshold_bounds(n) else { continue };
+                let moments = Moments::of_row(&row);
+                let Some((lo, hi)) = moments.threshold_bounds(n) else { continue };
                 given += 1;
                 assert!(lo <= exact && exact <= hi, "{name} n {n}: {exact} outside [{lo}, {hi}]");
+                let (rlo, rhi) = moments.refined_threshold_bounds(n, &row, |&x| x).expect("given when the first are");
+                assert!(rlo <= exact && exact <= rhi, "{name} n {n}: {exact} outside refined [{rlo}, {rhi}]");
+                assert!(lo <= rlo && rhi <= hi, "{name} n {n}: refined [{rlo}, {rhi}] not inside [{lo}, {hi}]");
                 let sure = !row.iter().any(|&x| x >= lo && x < hi);
+                let refined_sure = !row.iter().any(|&x| x >= rlo && x < rhi);
                 decided += sure as usize;
+                refined += refined_sure as usize;
+                if hi - lo > 0.0
+                    && row.len() >= 4099
+                    && (name.starts_with("Peaked x1+") || name.starts_with("Peaked x30"))
+                {
+                    narrowing.push(((rhi - rlo) / (hi - lo)) as f64);
+                }
                 if name.starts_with("Peaked x1+0") && row.len() >= 4099 && n <= 1.0 {
                     peaked += 1;
                     assert!(sure, "{name} n {n}: a logit in [{lo}, {hi}]");
                 }
             }
         }
-        eprintln!("bounds given {given}, deciding every mask {decided}");
+        narrowing.sort_by(f64::total_cmp);
+        let median = narrowing[narrowing.len() / 2];
+        eprintln!("bounds given {given}, deciding every mask {decided}, refined {refined}; refined width {median:.2} of the first (median)");
         assert!(given > 600 && decided > 500 && peaked == 6, "{given} given, {decided} decided, {peaked} peaked");
+        assert!(refined > decided && median < 0.75, "refined {refined} against {decided}, width {median}");
     }
 
     /// The mean's bounds hold llama.cpp's f32 mean, on rows whose f32 sum errs far more than

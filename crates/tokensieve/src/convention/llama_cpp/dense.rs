@@ -1223,10 +1223,17 @@ fn top_n_sigma(n: f32, tail: &[Stage], r: &[f32], s: &mut Scratch, c: &mut Candi
             _ => return false,
         }
     }
-    let Some((lo, hi)) = Moments::of_row(r).threshold_bounds(n) else { return false };
+    let moments = Moments::of_row(r);
+    let Some((mut lo, mut hi)) = moments.threshold_bounds(n) else { return false };
     gather_at_least(r, &s.block_max, &[], lo, &mut s.gathered, &mut s.blocks);
     if s.gathered.iter().any(|t| t.logit < hi) {
-        return false;
+        // A second pass narrows the interval (inside the first one).
+        let Some(refined) = moments.refined_threshold_bounds(n, r, |&x| x) else { return false };
+        (lo, hi) = refined;
+        s.gathered.retain(|t| t.logit >= lo);
+        if s.gathered.iter().any(|t| t.logit < hi) {
+            return false;
+        }
     }
     if sorting {
         // `+ 0.0` makes `-0.0` and `0.0` one key: they tie in llama.cpp's comparisons.
