@@ -274,7 +274,7 @@ impl Sampler for TopNSigma {
             return Ok(());
         }
         let data = c.as_mut_slice();
-        // PERF: the statistics bounded from f64 lane sums decide every mask unless a logit lies
+        // PERF: the statistics bounded from SIMD lane sums decide every mask unless a logit lies
         // in the bounds' interval (see the module docs): 0.5 ms -> a pass or two at V = 128k.
         let moments = Moments::of_candidates(data);
         let decides = |(lo, hi): (f32, f32)| !data.iter().any(|t| t.logit >= lo && t.logit < hi);

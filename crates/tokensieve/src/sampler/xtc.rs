@@ -62,9 +62,7 @@ impl Xtc {
         }
         Ok(Xtc { probability, threshold, min_keep, rng: StageRng::new(rng, Stream::Xtc)? })
     }
-}
 
-impl Xtc {
     /// The draw `apply` makes when it draws (two candidates or more, not inert): the chance
     /// that [`Xtc::fires`] compares with `probability`.
     pub(crate) fn draw(&mut self) -> f32 {

@@ -70,9 +70,9 @@
 //!      added in order and certified over the rest of the row in any order, in larger tries
 //!      until the prefix and the entry after it are among them (see `mirostat`);
 //!    * `top_n_sigma(n)` (when sampling, no overlay), followed only by `temperature`, `top_k`,
-//!      `top_p`, `min_p`, `dist` and `greedy`: its threshold bounded from f64 sums
-//!      (`top_n_sigma::Moments`), and the entries at or above the lower bound gathered, as long as none
-//!      lies below the upper one. llama.cpp masks the rest to `-inf` and keeps them in the
+//!      `top_p`, `min_p`, `dist` and `greedy`: its threshold bounded from SIMD sums of the
+//!      row (`top_n_sigma::Moments`), and the entries at or above the lower bound gathered, as
+//!      long as none lies below the upper one (a second pass narrows the bounds first). llama.cpp masks the rest to `-inf` and keeps them in the
 //!      array, where those stages give them no weight, so the survivors alone give the same
 //!      token (see `top_n_sigma`);
 //!    * `xtc` (when sampling): its draw first; a draw that leaves it out sends the rest of
