@@ -106,6 +106,8 @@ fn tail() -> impl Strategy<Value = String> {
         Just(";greedy".to_string()),
         Just(";top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist".to_string()),
         Just(";temperature(0.7);dist".to_string()),
+        Just(";min_p(0.05,1);temperature(0.8);dist".to_string()),
+        Just(";min_p(0.3,2);xtc(0.5,0.1,1);dist".to_string()),
     ]
 }
 
@@ -495,6 +497,62 @@ fn top_n_sigma_on_large_rows() {
     eprintln!("top_n_sigma on large rows: {fast} of {steps} steps took the fast path, {fell_back} fell back");
     assert!(fast_expected * 10 >= expected * 9, "only {fast_expected} of {expected}");
     assert!(fell_back > 0, "no step fell back");
+}
+
+/// `top_p` then `min_p` over the whole row when sampling (`dense::top_p_bounded`): the cut
+/// from bounds on llama.cpp's softmax sum, which need only reach past `min_p`'s cut (or pin
+/// the cut itself). On language-model-like, Gaussian, tied, bf16-rounded, flat and masked rows
+/// at three sizes and the real row, the same tokens as the array path over several steps,
+/// and the same candidates where the bounds decided; the bounds decide on most steps of the
+/// language-model-like rows with llama.cpp's usual `min_p`. Chains the bounds do not admit
+/// (no `dist` last, a stage that reads `p`) and `min_p`s that keep nearly everything (the
+/// cuts must agree, or the exact sum decides) are among them.
+#[test]
+fn top_p_then_min_p_on_large_rows() {
+    let mut rows = vec![("real".to_string(), real_row())];
+    for (i, v) in [4_099usize, 32_000, 128_256].into_iter().enumerate() {
+        for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::Ties, RowKind::Bf16, RowKind::NegInf, RowKind::Flat] {
+            rows.push((format!("{kind:?} V={v}"), generate::row(kind, v, i as u64 + 21)));
+        }
+        for seed in 100..104 {
+            rows.push((format!("Peaked V={v} seed {seed}"), generate::row(RowKind::Peaked, v, seed)));
+        }
+    }
+    let bounded = Path::Fast("top-p (bounded sum)");
+    let (mut fast, mut steps, mut expected, mut fast_expected) = (0, 0, 0, 0);
+    for (name, row) in &rows {
+        let lm_like = name.starts_with("Peaked") || name.starts_with("real");
+        for spec in [
+            "top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist",
+            "top_p(0.9,2);min_p(0.2,3);xtc(0.5,0.1,1);dist",
+            "top_p(0.95,1);top_k(0);min_p(0.05,1);typical(0.9,1);temperature(0.7);dist",
+            "top_p(0.99,1);min_p(0.0001,1);dist",
+            "top_p(0.95,1);min_p(0.05,1);greedy",
+            "top_p(0.95,1);min_p(0.05,1);mirostat_v2(5,0.1)",
+        ] {
+            let ctx = BuildContext::new(row.len(), RngConfig::philox(steps as u64));
+            let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+            let mut stages = chain.stages().to_vec();
+            for step in 0..3 {
+                let want = array_path(&mut stages, row).unwrap();
+                let got = chain.sample(row).unwrap();
+                steps += 1;
+                let path = chain.last_path();
+                fast += (path == bounded) as usize;
+                if lm_like && spec.starts_with("top_p(0.95,1);min_p(0.05,1);temperature") {
+                    expected += 1;
+                    fast_expected += (path == bounded) as usize;
+                }
+                assert_eq!(Some(got), want.selected_token(), "{spec} {name} step {step}");
+                if path == bounded {
+                    same(chain.candidates(), &want).unwrap_or_else(|e| panic!("{spec} {name} step {step}: {e}"));
+                }
+                stages.iter_mut().for_each(|s| s.accept(got));
+            }
+        }
+    }
+    eprintln!("top_p then min_p on large rows: the bounds decided {fast} of {steps} steps, {fast_expected} of {expected} expected");
+    assert!(fast_expected * 10 >= expected * 9, "only {fast_expected} of {expected}");
 }
 
 /// `xtc` first when sampling: its draw made before the row is read, the rest of the chain on
