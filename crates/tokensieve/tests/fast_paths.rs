@@ -499,16 +499,9 @@ fn top_n_sigma_on_large_rows() {
     assert!(fell_back > 0, "no step fell back");
 }
 
-/// `top_p` then `min_p` over the whole row when sampling (`dense::top_p_bounded`): the cut
-/// from bounds on llama.cpp's softmax sum, which need only reach past `min_p`'s cut (or pin
-/// the cut itself). On language-model-like, Gaussian, tied, bf16-rounded, flat and masked rows
-/// at three sizes and the real row, the same tokens as the array path over several steps,
-/// and the same candidates where the bounds decided; the bounds decide on most steps of the
-/// language-model-like rows with llama.cpp's usual `min_p`. Chains the bounds do not admit
-/// (no `dist` last, a stage that reads `p`) and `min_p`s that keep nearly everything (the
-/// cuts must agree, or the exact sum decides) are among them.
-#[test]
-fn top_p_then_min_p_on_large_rows() {
+/// Rows for the whole-row `top_p` tests: the real row, then language-model-like (`Peaked`,
+/// five seeds), Gaussian, tied, bf16-rounded, `-inf`-masked and flat rows at three sizes.
+fn whole_row_top_p_rows() -> Vec<(String, Vec<f32>)> {
     let mut rows = vec![("real".to_string(), real_row())];
     for (i, v) in [4_099usize, 32_000, 128_256].into_iter().enumerate() {
         for kind in [RowKind::Peaked, RowKind::Gaussian, RowKind::Ties, RowKind::Bf16, RowKind::NegInf, RowKind::Flat] {
@@ -518,18 +511,19 @@ fn top_p_then_min_p_on_large_rows() {
             rows.push((format!("Peaked V={v} seed {seed}"), generate::row(RowKind::Peaked, v, seed)));
         }
     }
-    let bounded = Path::Fast("top-p (bounded sum)");
-    let (mut fast, mut steps, mut expected, mut fast_expected) = (0, 0, 0, 0);
-    for (name, row) in &rows {
+    rows
+}
+
+/// Samples each of `specs` for three steps on every row of [`whole_row_top_p_rows`] beside
+/// the array path: the same tokens, the chosen candidate with the array path's processed
+/// logit, and (where `path` was taken and left the candidates to the later stages) the same
+/// candidates. Returns how often `path` was taken on the language-model-like rows with the
+/// first spec, out of how many steps, and over all steps.
+fn whole_row_top_p(specs: &[&str], path: Path) -> (usize, usize, usize, usize) {
+    let (mut taken, mut steps, mut expected, mut taken_expected) = (0, 0, 0, 0);
+    for (name, row) in &whole_row_top_p_rows() {
         let lm_like = name.starts_with("Peaked") || name.starts_with("real");
-        for spec in [
-            "top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist",
-            "top_p(0.9,2);min_p(0.2,3);xtc(0.5,0.1,1);dist",
-            "top_p(0.95,1);top_k(0);min_p(0.05,1);typical(0.9,1);temperature(0.7);dist",
-            "top_p(0.99,1);min_p(0.0001,1);dist",
-            "top_p(0.95,1);min_p(0.05,1);greedy",
-            "top_p(0.95,1);min_p(0.05,1);mirostat_v2(5,0.1)",
-        ] {
+        for (j, spec) in specs.iter().enumerate() {
             let ctx = BuildContext::new(row.len(), RngConfig::philox(steps as u64));
             let mut chain = Chain::from_spec(spec, &ctx).unwrap();
             let mut stages = chain.stages().to_vec();
@@ -537,22 +531,68 @@ fn top_p_then_min_p_on_large_rows() {
                 let want = array_path(&mut stages, row).unwrap();
                 let got = chain.sample(row).unwrap();
                 steps += 1;
-                let path = chain.last_path();
-                fast += (path == bounded) as usize;
-                if lm_like && spec.starts_with("top_p(0.95,1);min_p(0.05,1);temperature") {
+                let this = chain.last_path() == path;
+                taken += this as usize;
+                if lm_like && j == 0 {
                     expected += 1;
-                    fast_expected += (path == bounded) as usize;
+                    taken_expected += this as usize;
                 }
-                assert_eq!(Some(got), want.selected_token(), "{spec} {name} step {step}");
-                if path == bounded {
-                    same(chain.candidates(), &want).unwrap_or_else(|e| panic!("{spec} {name} step {step}: {e}"));
+                let at = format!("{spec} {name} step {step}");
+                assert_eq!(Some(got), want.selected_token(), "{at}");
+                let chosen =
+                    |c: &Candidates| c.selected_index().map(|i| (c.as_slice()[i].id, c.as_slice()[i].logit.to_bits()));
+                assert_eq!(chosen(chain.candidates()), chosen(&want), "{at}");
+                if this && chain.candidates().len() > 1 {
+                    same(chain.candidates(), &want).unwrap_or_else(|e| panic!("{at}: {e}"));
                 }
                 stages.iter_mut().for_each(|s| s.accept(got));
             }
         }
     }
-    eprintln!("top_p then min_p on large rows: the bounds decided {fast} of {steps} steps, {fast_expected} of {expected} expected");
+    (taken_expected, expected, taken, steps)
+}
+
+/// `top_p` then `min_p` over the whole row when sampling (`dense::top_p_bounded`): `top_p`'s
+/// cut from a lower bound of llama.cpp's softmax sum, which need only reach past `min_p`'s
+/// cut. The bound decides on most steps of the language-model-like rows with llama.cpp's
+/// usual `min_p`. Chains it does not admit (no `dist` last, a stage that reads `p`) and a
+/// `min_p` that keeps nearly everything (the exact sum decides) are among them.
+#[test]
+fn top_p_then_min_p_on_large_rows() {
+    let (fast_expected, expected, fast, steps) = whole_row_top_p(
+        &[
+            "top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist",
+            "top_p(0.9,2);min_p(0.2,3);xtc(0.5,0.1,1);dist",
+            "top_p(0.95,1);top_k(0);min_p(0.05,1);typical(0.9,1);temperature(0.7);dist",
+            "top_p(0.99,1);min_p(0.0001,1);dist",
+            "top_p(0.95,1);min_p(0.05,1);greedy",
+            "top_p(0.95,1);min_p(0.05,1);mirostat_v2(5,0.1)",
+        ],
+        Path::Fast("top-p (bounded sum)"),
+    );
+    eprintln!("top_p then min_p: the bound decided {fast} of {steps} steps, {fast_expected} of {expected} expected");
     assert!(fast_expected * 10 >= expected * 9, "only {fast_expected} of {expected}");
+}
+
+/// `top_p;temperature;dist` over the whole row when sampling (`dense::top_p_dist` with a
+/// temperature): the draw certified from bounds on the softmax sum, the survivors' weights
+/// past the cut bounded through the temperature. The bounds decide on most steps of the
+/// language-model-like rows at `t = 0.8`; a temperature above 1 takes the exact path.
+#[test]
+fn top_p_then_temperature_on_large_rows() {
+    let (fast_expected, expected, fast, steps) = whole_row_top_p(
+        &[
+            "top_p(0.95,1);temperature(0.8);dist",
+            "top_p(0.9,2);temperature(0.3);dist",
+            "top_p(0.5,1);top_k(0);temperature(0.999);dist",
+            "top_p(0.95,1);temperature(1.5);dist",
+        ],
+        Path::Fast("top-p;dist"),
+    );
+    eprintln!(
+        "top_p then temperature: the bounds decided {fast} of {steps} steps, {fast_expected} of {expected} expected"
+    );
+    assert!(fast_expected * 10 >= expected * 8, "only {fast_expected} of {expected}");
 }
 
 /// `xtc` first when sampling: its draw made before the row is read, the rest of the chain on

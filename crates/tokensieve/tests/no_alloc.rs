@@ -71,6 +71,8 @@ const CHAINS: &[&str] = &[
     "greedy",
     // llama.cpp's default chain with `top_k` off: `top_p`'s cut bounded, then `min_p`.
     "top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist",
+    // The same without `min_p`: the draw certified through the temperature.
+    "top_p(0.95,1);temperature(0.8);dist",
     // Edits and a temperature written into a reused copy of the row.
     "penalties(64,1.1,0.1,0.1);top_p(0.95,1);dist",
     "logit_bias(5:1.5 9:-inf);temperature(0.8);top_p(0.95,1);dist",

@@ -34,13 +34,15 @@
 //!      running sum cannot change it and are never exponentiated), then the sorted top
 //!      entries popped from a heap over a superset of the top 32 (then of the top 256) until
 //!      the mass is reached, as llama.cpp's "sort the top 256 first" path does;
-//!    * `top_p(p);dist` (when sampling, no overlay, V > 1024): `dist` recomputes every weight
-//!      over the survivors, so the softmax sum matters only through the cut. `NearSums`
-//!      (below) bounds the sum instead of computing it, with room for llama.cpp's f32
-//!      rounding; the cut moves monotonically with the sum, and so does `dist`'s choice with
-//!      the cut, so the draw is certain when the cuts at both ends of the interval choose the
-//!      same token (the survivors' sum is bounded from the mass when the second cut lies far
-//!      down). Tries at masses 2^-2, 2^-5 and 2^-9; then the exact sum above pins the cut.
+//!    * `top_p(p);[temperature(t < 1);]dist` (when sampling, no overlay, V > 1024): `dist`
+//!      recomputes every weight over the survivors, so the softmax sum matters only through
+//!      the cut. `NearSums` (below) bounds the sum instead of computing it, with room for
+//!      llama.cpp's f32 rounding; the cut moves monotonically with the sum, and so does
+//!      `dist`'s choice with the cut, so the draw is certain when the cuts at both ends of the
+//!      interval choose the same token (the survivors' sum is bounded from the mass when the
+//!      second cut lies far down; after a temperature below 1, each weight past the first cut
+//!      is at most a known fraction of its weight at 1). Tries at masses 2^-2, 2^-5 and 2^-9;
+//!      then the exact sum above pins the cut.
 //!      Equal values change only which token holds a position, so a draw declines only
 //!      where a neighbour holds the chosen value (the array path then draws with the same
 //!      `u`). Where the cut lies beyond the first 256 entries (flat rows), llama.cpp sorts the
@@ -48,7 +50,7 @@
 //!    * `top_p(p);min_p(q)` (when sampling, no overlay, V > 1024, `dist` last and nothing
 //!      between that reads `p`): `min_p` keeps the sorted prefix up to its first entry below
 //!      `max + ln q`, whatever lies past it, so `top_p`'s cut need only be bounded below: the
-//!      cut at a lower bound of the softmax sum (from the block maxima' weights) is one.
+//!      cut at a lower bound of the softmax sum (from the block maxima's weights) is one.
 //!      Where `min_p` cuts within it, the sum is never formed; else the exact sum above;
 //!    * `greedy` (when sampling): the first entry equal to the maximum, in the block the
 //!      summary found; when `greedy` is the first stage, step 1 is [`arch::locate_max`]
@@ -1805,8 +1807,9 @@ fn mu_feedback(stage: &mut Stage) -> &mut dyn MuFeedback {
     }
 }
 
-/// `top_p(p, min_keep);dist` on the untouched row of more than 1024 entries, when sampling.
-/// `None`: not this chain (or the row is out of its range).
+/// `top_p(p, min_keep);dist` on the untouched row of more than 1024 entries, when sampling,
+/// optionally with a `temperature(t)` (`0 < t <= TOP_P_TEMP_MAX`) before `dist`, which
+/// changes only `dist`'s weights. `None`: not this chain (or the row is out of its range).
 ///
 /// llama.cpp's `top_p` needs its f32 softmax sum `S` (in row order) only for the cut, and
 /// `dist` recomputes every weight over the survivors: when `dist` follows directly, the token
@@ -1838,9 +1841,18 @@ fn top_p_dist(
 ) -> Result<Option<Prepared>> {
     let Some(Stage::TopP(top_p_stage)) = stages.get(first) else { return Ok(None) };
     let (p, min_keep) = top_p_stage.params();
-    let Some(at) = stages.iter().skip(first + 1).position(|st| !st.is_inert()).map(|i| first + 1 + i) else {
-        return Ok(None);
-    };
+    let next_live = |from: usize| stages.iter().skip(from).position(|st| !st.is_inert()).map(|i| from + i);
+    let Some(mut at) = next_live(first + 1) else { return Ok(None) };
+    // A temperature below 1 before `dist` scales only `dist`'s weights (see `certain_draw`).
+    let mut temp = None;
+    if let Stage::Temperature(t) = &stages[at] {
+        if !(t.t() > 0.0 && t.t() <= TOP_P_TEMP_MAX) {
+            return Ok(None);
+        }
+        temp = Some(t.t());
+        let Some(next) = next_live(at + 1) else { return Ok(None) };
+        at = next;
+    }
     // The rounding bound below needs `V < 2^22`.
     let max = summary.max;
     if r.len() <= 1024 || r.len() >= 1 << 22 || max == f32::NEG_INFINITY {
@@ -1848,7 +1860,7 @@ fn top_p_dist(
     }
     let Some(Stage::Dist(d)) = stages.get_mut(at) else { return Ok(None) };
     let u = d.draw();
-    let beyond = match certain_top_p_draw(p, min_keep, r, max, u, s, c) {
+    let beyond = match certain_top_p_draw(p, min_keep, r, max, u, temp, s, c) {
         Ok(token) => {
             s.path = Path::Fast("top-p;dist");
             return Ok(Some(Prepared::Selected(token)));
@@ -1866,10 +1878,12 @@ fn top_p_dist(
         sorted_prefix((p, min_keep), r, max, (sum, sum), Ties::Allowed, s, c)
     };
     let drawn = match prefix {
-        Ok(cuts) => certain_draw(p, max, sum, 0.0, cuts, u, s, c).map(|(i, cut_sum)| {
+        Ok(cuts) => certain_draw(p, max, sum, 0.0, cuts, u, temp, s, c).map(|(i, cut_sum)| {
             s.path = Path::Fast("top-p;dist (exact sum)");
-            select_prefix_entry(c, i, max, cut_sum)
+            select_prefix_entry(c, i, temp, cut_sum)
         }),
+        // The draw over sorted values is written for `dist` straight after `top_p`.
+        Err(Short::Beyond) if temp.is_some() => None,
         Err(Short::Beyond) => draw_by_sorting(p, min_keep, r, max, sum, u, s, c).inspect(|_| {
             s.path = Path::Fast("top-p;dist (sorted)");
         }),
@@ -1952,12 +1966,14 @@ fn draw_by_sorting(
 /// the sum itself and for every later try: each `fl(w / S)` falls (weakly) as `S` grows past
 /// `lo`, and so does every running f32 sum of them (rounded addition is monotone), so the mass
 /// reached within the 256 only falls; the tries stop there.
+#[allow(clippy::too_many_arguments)]
 fn certain_top_p_draw(
     p: f32,
     min_keep: usize,
     r: &[f32],
     max: f32,
     u: f64,
+    temp: Option<f32>,
     s: &mut Scratch,
     c: &mut Candidates,
 ) -> std::result::Result<u32, Option<Short>> {
@@ -1976,34 +1992,56 @@ fn certain_top_p_draw(
         let lost = (r.len() as f64 * 2f64.powi(-25))
             .min(near.rounding_bound(2f64.powi(-25) * lo as f64) / lo as f64 * (1.0 + 2f64.powi(-22)))
             + r.len() as f64 * 2f64.powi(-149);
-        if let Some((i, cut_sum)) = certain_draw(p, max, hi, lost, cuts, u, s, c) {
-            return Ok(select_prefix_entry(c, i, max, cut_sum));
+        if let Some((i, cut_sum)) = certain_draw(p, max, hi, lost, cuts, u, temp, s, c) {
+            return Ok(select_prefix_entry(c, i, temp, cut_sum));
         }
     }
     Err(None)
 }
 
-/// Leaves entry `i` of the prefix in `c` alone, selected, with its weight over `cut_sum`; its
-/// token.
-fn select_prefix_entry(c: &mut Candidates, i: usize, max: f32, cut_sum: f64) -> u32 {
+/// Leaves entry `i` of the prefix in `c` alone, selected, as `dist` leaves it after the
+/// temperature `temp` (if any): its logit scaled, and its weight over `cut_sum`; its token.
+fn select_prefix_entry(c: &mut Candidates, i: usize, temp: Option<f32>, cut_sum: f64) -> u32 {
     let t = c.data[i];
-    let weight = (t.logit - max).exp();
+    let weight = dist_weight(t.logit, c.data[0].logit, temp);
+    let logit = temp.map_or(t.logit, |temp| t.logit / temp);
     c.begin(c.vocab_size);
-    c.data.push(TokenData { p: (weight as f64 / cut_sum) as f32, ..t });
+    c.data.push(TokenData { logit, p: (weight as f64 / cut_sum) as f32, ..t });
     c.selected = Some(0);
     t.id
 }
 
+/// The largest temperature [`top_p_dist`] takes between `top_p` and `dist`: [`certain_draw`]'s
+/// bound on the weights past the cut needs `t < 1` with room for rounding.
+const TOP_P_TEMP_MAX: f32 = 0.999;
+
+/// `dist`'s weight of an entry of logit `x` in `top_p`'s sorted prefix, whose first (largest)
+/// logit is `first`, after llama.cpp's `temperature(temp)` if any: every logit divided by
+/// `temp` in f32, then `expf(x' - first')` (the prefix stays sorted, so its first entry is
+/// `dist`'s maximum).
+fn dist_weight(x: f32, first: f32, temp: Option<f32>) -> f32 {
+    match temp {
+        Some(t) => (x / t - first / t).exp(),
+        None => (x - first).exp(),
+    }
+}
+
 /// [`top_p_dist`]'s test on the descending prefix in `c` ([`sorted_prefix`]'s, with its
 /// cuts `k` at the lower and `k_hi` at the upper bound of the softmax sum, if found). The
-/// actual cut `K` lies in `[k, k_hi]`. `dist` over the first `K` entries picks the first `i`
-/// whose running f64 sum of weights `P(i + 1)` reaches `u · P(K)`, which grows with `K`: it
-/// is `dist`'s choice over `k` when `P(i + 1) >= u · P(k_hi)`.
+/// actual cut `K` lies in `[k, k_hi]`. `dist` over the first `K` entries (after the
+/// temperature `temp`, if any: see [`dist_weight`]) picks the first `i` whose running f64 sum
+/// of weights `P(i + 1)` reaches `u · P(K)`, which grows with `K`: it is `dist`'s choice over
+/// `k` when `P(i + 1) >= u · P(k_hi)`.
 ///
-/// Without `k_hi`, `P(K)` is bounded from the mass: if `K > k`, the `K - 1` entries before it
-/// ran to an f32 sum `< p` of `p_j = fl(w_j / S)` (each at least `(w_j / S)(1 - 2^-24)`),
-/// whose additions lost at most `lost` to rounding in all, so `P(K - 1)` is at most about
-/// `S (p + lost)` with `S <= hi`, and the entry at `K` weighs at most the one at `k`.
+/// Without `k_hi`, `P(K)` is bounded from the mass. Without a temperature: if `K > k`, the
+/// `K - 1` entries before it ran to an f32 sum `< p` of `p_j = fl(w_j / S)` (each at least
+/// `(w_j / S)(1 - 2^-24)`), whose additions lost at most `lost` to rounding in all, so
+/// `P(K - 1)` is at most about `S (p + lost)` with `S <= hi`, and the entry at `K` weighs at
+/// most the one at `k`. With a temperature `t < 1`, that bound `U` on the weights `w_j` at
+/// `t = 1` bounds their sum past `k`, `U - P₁(k)`, and each entry there weighs less at `t`
+/// than at 1 by a factor that only shrinks down the prefix: with `d_j = x_0 - x_j >= d_k`, its
+/// exact weights `e^(-d_j / t) = e^(-d_j) e^(-d_j (1/t - 1))`. Rounding (see
+/// [`temperature_tail_factor`]) moves that by a few ulps.
 ///
 /// Returns `i` and `P(k)` when certain.
 #[allow(clippy::too_many_arguments)]
@@ -2014,21 +2052,23 @@ fn certain_draw(
     lost: f64,
     (k, k_hi): (usize, Option<usize>),
     u: f64,
+    temp: Option<f32>,
     s: &mut Scratch,
     c: &Candidates,
 ) -> Option<(usize, f64)> {
+    if k == 0 || k > c.data.len() {
+        return None;
+    }
     // The running f64 sums of the weights, in `dist`'s order (the prefix is descending, so
-    // its first entry is `dist`'s maximum).
+    // its first entry, the row's maximum, is `dist`'s).
+    debug_assert!(c.data[0].logit == max);
     let sums = &mut s.top_weights;
     sums.clear();
     sums.push(0.0);
     let mut running = 0.0f64;
     for t in &c.data {
-        running += (t.logit - max).exp() as f64;
+        running += dist_weight(t.logit, max, temp) as f64;
         sums.push(running);
-    }
-    if k == 0 || k > c.data.len() {
-        return None;
     }
     // One exists: `u < 1`.
     let i = sums[1..=k].partition_point(|&run| run < sums[k] * u).min(k - 1);
@@ -2039,15 +2079,45 @@ fn certain_draw(
     if (i > 0 && c.data[i - 1].logit == value) || c.data.get(i + 1).is_some_and(|t| t.logit == value) {
         return None;
     }
-    let upper = match k_hi {
-        Some(k_hi) => sums[k_hi],
-        None => {
+    let upper = match (k_hi, temp) {
+        (Some(k_hi), _) => sums[k_hi],
+        (None, None) => {
             let last = sums[k] - sums[k - 1];
             // The f32 division's and the f64 sums' roundings, generously.
             ((hi as f64 * (p as f64 + lost) + last) * (1.0 + 2f64.powi(-20))).max(sums[k])
         }
+        (None, Some(t)) => {
+            // The entry past the prefix bounds every later one (no bound without it).
+            let next = c.data.get(k)?.logit;
+            let w = |x: f32| (x - max).exp() as f64;
+            let (at_k, last) = (c.data[..k].iter().map(|e| w(e.logit)).sum::<f64>(), w(c.data[k - 1].logit));
+            let mass = (hi as f64 * (p as f64 + lost) + last) * (1.0 + 2f64.powi(-20));
+            let past = (mass - at_k).max(0.0) * temperature_tail_factor(t, max, next);
+            // The f64 sums' roundings, and weights that underflowed, generously.
+            (sums[k] + past) * (1.0 + 2f64.powi(-30)) + c.vocab_size as f64 * 2f64.powi(-120)
+        }
     };
     (sums[i + 1] >= upper * u).then(|| (i, sums[k]))
+}
+
+/// A factor `G` such that `dist`'s weight of an entry of logit `x <= next` after llama.cpp's
+/// `temperature(t)` (`t <= TOP_P_TEMP_MAX`), `v = expf(fl(fl(x / t) - fl(x_0 / t)))`, is at
+/// most `G · w` for its weight `w = expf(fl(x - x_0))` at `t = 1`, `x_0` the maximum (give
+/// or take `2^-149` on either side where `v` or `w` is subnormal: [`certain_draw`] adds room
+/// for that per entry).
+///
+/// With `d = x_0 - x >= d_k = x_0 - next`: both quotients and the difference round by at most
+/// `2^-24` relatively, and `|x| <= |x_0| + d`, so the exponent is at most
+/// `-(d / t)(1 - 2^-23) + ε` with `ε = 2^-23 |x_0| / t`; `expf` adds at most an ulp. And
+/// `w >= q (1 - 2^-23)` with `q = e^(-d (1 + 2^-24))`. So with `t'' = t (1 + 2^-24) / (1 -
+/// 2^-23) < 1`, `v <= (1 + 2^-23) e^ε q^(1/t'')` and `q^(1/t'') = q · q^(1/t'' - 1) <= q ·
+/// q_k^(1/t'' - 1)`, `q` being at most `q_k = e^(-d_k (1 + 2^-24))`.
+fn temperature_tail_factor(t: f32, x_0: f32, next: f32) -> f64 {
+    let (t, x_0, d_k) = (t as f64, x_0 as f64, (x_0 as f64 - next as f64).max(0.0));
+    let t2 = t * (1.0 + 2f64.powi(-24)) / (1.0 - 2f64.powi(-23));
+    let eps = 2f64.powi(-23) * x_0.abs() / t;
+    let shrink = (-d_k * (1.0 + 2f64.powi(-24)) * (1.0 / t2 - 1.0)).exp();
+    (1.0 + 2f64.powi(-23)) / (1.0 - 2f64.powi(-23)) * eps.exp() * shrink * (1.0 + 2f64.powi(-40))
 }
 
 /// `greedy` on the row + overlay: the first entry holding the maximum.
@@ -2921,12 +2991,14 @@ mod tests {
     }
 
     /// [`certain_top_p_draw`] against the array path (llama.cpp's fill, `top_p`, then `dist`
-    /// with the same draw) for draws spread over `[0, 1)`: every token it certifies is the
-    /// array path's. Rows: the real SmolLM2 row, whose cut bounds lie further apart than
-    /// [`PAST_THE_CUT`] entries (so the survivors' sum is bounded from the mass), and
-    /// generated rows whose cut falls within the first 32 entries, within 256, or beyond.
+    /// with the same draw, with and without a `temperature` between) for draws spread over
+    /// `[0, 1)`: every token it certifies is the array path's, with its processed logit. Rows:
+    /// the real SmolLM2 row, whose cut bounds lie further apart than [`PAST_THE_CUT`] entries
+    /// (so the survivors' sum is bounded from the mass), and generated rows whose cut falls
+    /// within the first 32 entries, within 256, or beyond.
     #[test]
     fn top_p_draws_are_certified_only_when_right() {
+        use crate::sampler::temperature::Temperature;
         use crate::sampler::top_p::TopP;
         use crate::sampler::Sampler;
         let npy = concat!(env!("CARGO_MANIFEST_DIR"), "/../tokensieve-cli/testdata/example-logits.npy");
@@ -2938,25 +3010,38 @@ mod tests {
             }
         }
         let (mut draws, mut certified, mut by_mass, mut beyond) = (0, 0, 0, 0);
+        let (mut temp_draws, mut temp_certified, mut temp_by_mass) = (0, 0, 0);
         for (name, row) in &rows {
-            for (p, min_keep) in [(0.95f32, 1usize), (0.5, 3), (0.999, 1), (0.1, 40)] {
+            for ((p, min_keep), temp) in [(0.95f32, 1usize), (0.5, 3), (0.999, 1), (0.1, 40)]
+                .into_iter()
+                .flat_map(|pk| [None, Some(0.8f32), Some(0.3)].map(|t| (pk, t)))
+            {
                 let mut s = Scratch::default();
                 let mut c = Candidates::default();
                 let summary = arch::summarize(row, &mut s.block_max);
                 s.summary = Some(summary);
                 let mut array = Candidates::from_logits(row.as_slice()).unwrap();
                 TopP::new(p, min_keep).unwrap().apply(&mut array).unwrap();
+                if let Some(t) = temp {
+                    Temperature::new(t).unwrap().apply(&mut array).unwrap();
+                }
                 for j in 0..400 {
                     let u = (j as f64 + 0.5) / 400.0;
                     let mut want = array.clone();
                     Dist::select(&mut want, u);
                     draws += 1;
-                    match certain_top_p_draw(p, min_keep, row, summary.max, u, &mut s, &mut c) {
+                    temp_draws += temp.is_some() as usize;
+                    match certain_top_p_draw(p, min_keep, row, summary.max, u, temp, &mut s, &mut c) {
                         Ok(token) => {
-                            assert_eq!(Some(token), want.selected_token(), "{name} top_p({p},{min_keep}) u = {u}");
+                            let ctx = format!("{name} top_p({p},{min_keep}) temperature {temp:?} u = {u}");
+                            assert_eq!(Some(token), want.selected_token(), "{ctx}");
                             assert_eq!(c.selected_token(), Some(token));
+                            let chosen = |c: &Candidates| c.data[c.selected.unwrap()].logit.to_bits();
+                            assert_eq!(chosen(&c), chosen(&want), "{ctx}");
                             certified += 1;
-                            by_mass += (name == "real" && p == 0.95) as usize;
+                            temp_certified += temp.is_some() as usize;
+                            by_mass += (name == "real" && p == 0.95 && temp.is_none()) as usize;
+                            temp_by_mass += (name == "real" && p == 0.95 && temp == Some(0.8)) as usize;
                         }
                         Err(Some(Short::Beyond)) => {
                             // `top_p_dist` then skips the exact sum's prefix: it must be beyond too.
@@ -2980,7 +3065,32 @@ mod tests {
         }
         assert!(beyond > 0, "no row's cut lay beyond the first 256");
         assert!(certified * 2 >= draws, "only {certified} of {draws} draws certified");
+        assert!(temp_certified * 2 >= temp_draws, "only {temp_certified} of {temp_draws} draws certified");
         assert!(by_mass >= 200, "the real row: only {by_mass} of 400 draws certified");
+        assert!(temp_by_mass >= 200, "the real row at t = 0.8: only {temp_by_mass} of 400 draws certified");
+    }
+
+    /// [`temperature_tail_factor`] bounds the weight after a temperature by the weight at
+    /// `t = 1` for logits at or below `next`, over temperatures up to [`TOP_P_TEMP_MAX`],
+    /// maxima of every size and entries just below, far below and at `next`, computed as
+    /// llama.cpp computes both; and it is far below 1 for entries a few nats down.
+    #[test]
+    fn the_temperature_tail_factor_bounds_the_weights() {
+        let mut rng = tokensieve_testkit::generate::SplitMix64::new(7);
+        let mut unit = || rng.next_f64();
+        for _ in 0..200_000 {
+            let t = (0.05 + unit() * (TOP_P_TEMP_MAX as f64 - 0.05)) as f32;
+            let t = if unit() < 0.05 { TOP_P_TEMP_MAX } else { t };
+            let x_0 = ((unit() - 0.5) * 10f64.powf(unit() * 6.0)) as f32;
+            let next = x_0 - (unit() * 10f64.powf(unit() * 3.0 - 2.0)) as f32;
+            let x = if unit() < 0.3 { next } else { next - (unit() * 40.0) as f32 };
+            let g = temperature_tail_factor(t, x_0, next);
+            let v = (x / t - x_0 / t).exp() as f64;
+            let w = (x - x_0).exp() as f64;
+            let tiny = 2f64.powi(-149);
+            assert!(v <= g * (w + tiny) + tiny, "t {t} x_0 {x_0} next {next} x {x}: {v} > {g} · {w}");
+        }
+        assert!(temperature_tail_factor(0.8, 10.0, 5.0) < 0.3);
     }
 
     /// [`draw_by_sorting`] against the array path (llama.cpp's fill, `top_p` with its full sort,
