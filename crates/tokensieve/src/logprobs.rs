@@ -169,6 +169,16 @@ fn raw_f32(r: &[f32], max: f32, token: u32, n: usize, s: &mut RawScratch, out: &
     (r[token as usize] as f64 - lse) as f32
 }
 
+/// A raw bound for a threshold on divided values: every `x` with `fl32(x / div) >= threshold`
+/// (`div > 0`, `threshold` finite or `-inf`) is at least the returned value. Round to nearest
+/// takes `y = x / div` to at least `threshold` only from `y >= threshold - ulp/2`, and an ulp
+/// is at most `2^-23 |threshold|` (or `2^-149`); twice that, and the f64 product's rounding,
+/// are left as room.
+pub(crate) fn raw_bound(threshold: f32, div: f32) -> f32 {
+    let t = threshold as f64;
+    crate::convention::llama_cpp::dense::f32_at_most((t - t.abs() * 2f64.powi(-22) - 2f64.powi(-148)) * div as f64)
+}
+
 /// [`raw`]'s buffers, kept per thread.
 #[derive(Default)]
 struct RawScratch {
@@ -237,7 +247,7 @@ impl ServerOrder {
         if n == r.len() {
             return sum;
         }
-        if let Some(total) = self.rest_unordered(r, max, block_max, top, sum) {
+        if let Some(total) = self.rest_unordered(r, 1.0, max, block_max, top, sum) {
             return total;
         }
         self.scan(r, block_max, n);
@@ -250,9 +260,16 @@ impl ServerOrder {
     /// can change the f32 sum ([`arch::exp_sum_unordered`]); `None` when one may. Every
     /// sequence that starts from `start` and adds those weights in some order then ends on it:
     /// llama-server's order, or the descending order of a full sort.
+    ///
+    /// With `div != 1` (a temperature before the stage that sums), the row's entries are
+    /// `fl32(x / div)` for the entries `x` of `r` (`block_max` being `r`'s), as llama.cpp's
+    /// temperature leaves them, and `max` and `top` are in those terms; the entries that can
+    /// change the sum are gathered from `r` above a raw bound ([`raw_bound`]) and divided.
+    /// `None` then without the collector's kernels.
     pub(crate) fn rest_unordered(
         &mut self,
         r: &[f32],
+        div: f32,
         max: f32,
         block_max: &[f32],
         top: &[TokenLogprob],
@@ -262,8 +279,11 @@ impl ServerOrder {
             return Some(start);
         }
         let threshold = arch::skip_threshold(max, arch::log_half_ulp(start));
-        if !top.is_empty() && self.collector.start(block_max, threshold) {
-            self.sum_collected(r, max, top, start, threshold)
+        let raw = if div == 1.0 { threshold } else { raw_bound(threshold, div) };
+        if !top.is_empty() && self.collector.start(block_max, raw) {
+            self.sum_collected(r, div, max, top, start, raw)
+        } else if div != 1.0 {
+            None
         } else {
             self.patches.clear();
             self.patches.extend(top.iter().map(|t| (t.token, f32::NEG_INFINITY)));
@@ -282,7 +302,15 @@ impl ServerOrder {
     /// them are in the top), and as many equal to it as the top holds. An entry the sum can
     /// see is gathered wherever it occurs, so the counts match; one below the threshold adds
     /// nothing and is not there.
-    fn sum_collected(&mut self, r: &[f32], max: f32, top: &[TokenLogprob], start: f32, threshold: f32) -> Option<f32> {
+    fn sum_collected(
+        &mut self,
+        r: &[f32],
+        div: f32,
+        max: f32,
+        top: &[TokenLogprob],
+        start: f32,
+        threshold: f32,
+    ) -> Option<f32> {
         let last = top[top.len() - 1].logprob;
         let mut ties = top.iter().rev().take_while(|t| t.logprob == last).count();
         let mut sum = start;
@@ -290,6 +318,10 @@ impl ServerOrder {
             let chunk = self.collector.next(r, threshold);
             if chunk.is_empty() {
                 return Some(sum);
+            }
+            if div != 1.0 {
+                // The temperature's values, as llama.cpp divides them (the padding stays -inf).
+                chunk.iter_mut().for_each(|x| *x /= div);
             }
             self.hits.clear();
             arch::positions_ge(chunk, last, &mut self.hits);
@@ -459,6 +491,38 @@ pub fn processed(c: &Candidates, token: u32, n: usize, out: &mut Vec<TokenLogpro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`raw_bound`] is a bound: the float just below it divides to below the threshold (so
+    /// does every smaller one, division and rounding being monotone), over thresholds of
+    /// every sign and magnitude down to subnormals and zero, and temperatures far from 1. And
+    /// it is close: within a few ulps of `threshold · div` where that is in range.
+    #[test]
+    fn the_raw_bound_lies_below_every_entry_that_reaches_the_threshold() {
+        let mut rng = tokensieve_testkit::generate::SplitMix64::new(5);
+        for i in 0..200_000 {
+            let threshold = match i % 4 {
+                0 => f32::from_bits(rng.next_u64() as u32 & 0x7fff_ffff) * if i % 8 == 0 { 1.0 } else { -1.0 },
+                1 => (rng.next_f64() * 200.0 - 100.0) as f32,
+                2 => f32::from_bits(rng.below(1 << 24) as u32) * if i % 8 == 2 { 1.0 } else { -1.0 },
+                _ => [0.0, -0.0, f32::MIN_POSITIVE, -f32::MIN_POSITIVE][rng.below(4)],
+            };
+            let div = [0.8f32, 0.3, 3.0, 7.0, 0.999, 1.5, 1e-3, 1e3][rng.below(8)];
+            if !threshold.is_finite() {
+                continue;
+            }
+            let b = raw_bound(threshold, div);
+            assert!(b.next_down() / div < threshold, "threshold {threshold:e} div {div}: {b:e}");
+            let exact = threshold as f64 * div as f64;
+            // (Past f32's range the bound is the largest float.)
+            assert!(
+                exact.abs() > f32::MAX as f64
+                    || (b as f64 - exact).abs()
+                        <= exact.abs() * 2f64.powi(-20) + 2f64.powi(-146) * div as f64 + 2f64.powi(-148),
+                "threshold {threshold:e} div {div}: {b:e} is loose"
+            );
+        }
+        assert_eq!(raw_bound(f32::NEG_INFINITY, 0.8), f32::NEG_INFINITY);
+    }
 
     #[test]
     fn raw_matches_a_direct_log_softmax() {

@@ -1598,42 +1598,9 @@ fn mirostat_reads_the_top_of_the_row() {
     for (case, &(kind, v)) in rows.iter().enumerate() {
         let row = generate::row(kind, v, 40 + case as u64);
         for (j, spec) in specs.iter().enumerate() {
-            let ctx = BuildContext::new(v, RngConfig::mt19937(j as u32 + 7));
-            let mut chain = Chain::from_spec(spec, &ctx).unwrap();
-            let mut stages = chain.stages().to_vec();
-            let mut applied = Chain::from_spec_for_apply(spec, &ctx).unwrap();
-            let mut applied_stages = applied.stages().to_vec();
-            let values = |c: &Candidates| {
-                let v: Vec<_> = c.as_slice().iter().map(|t| (t.logit.to_bits(), t.p.to_bits())).collect();
-                (v, c.selected_index())
-            };
-            for step in 0..70 {
-                let label = format!("{spec} on {kind:?} {v}, step {step}");
-                let want = array_path(&mut stages, &row).unwrap();
-                let got = chain.sample(&row).unwrap();
-                assert_eq!(Some(got), want.selected_token(), "{label}");
-                let in_top = matches!(chain.last_path(), Path::Fast(p) if p.ends_with("(drawn in the top)"));
-                if in_top {
-                    // The whole row kept, the draw made from its top: the selected candidate
-                    // alone, as the array path has it.
-                    let c = chain.candidates();
-                    assert_eq!(c.len(), 1, "{label}");
-                    let (mut one, _) = values(&want);
-                    one = vec![one[want.selected_index().unwrap()]];
-                    assert_eq!(values(c), (one, Some(0)), "{label}");
-                    drawn_in_top += 1;
-                } else {
-                    assert_eq!(values(chain.candidates()), values(&want), "{label}");
-                }
-                let want_applied = array_path(&mut applied_stages, &row).unwrap();
-                same(applied.apply(&row).unwrap(), &want_applied).unwrap_or_else(|e| panic!("apply, {label}: {e}"));
-                // Sampling on the rows without ties (the tied ones finish on the array when
-                // the picked value is tied, which is most of the time there).
-                if matches!(kind, RowKind::Peaked | RowKind::Gaussian) {
-                    tally.note(chain.last_path());
-                }
-                stages.iter_mut().for_each(|s| s.accept(got));
-            }
+            let label = format!("{spec} on {kind:?} {v}");
+            let sampled_untied = matches!(kind, RowKind::Peaked | RowKind::Gaussian);
+            drawn_in_top += mirostat_steps(spec, &row, j as u32 + 7, &label, sampled_untied.then_some(&mut tally));
         }
     }
     eprintln!("mirostat sampling: {tally:?}, {drawn_in_top} drawn in the top of a kept row");
@@ -1643,4 +1610,84 @@ fn mirostat_reads_the_top_of_the_row() {
     if tokensieve::arch::vectorised_exp() {
         assert!(drawn_in_top > 200, "the whole row was seldom kept and drawn from its top: {drawn_in_top}");
     }
+}
+
+/// 70 steps of `spec` on `row` (mt19937 seeded with `seed`), each checked against the array
+/// path as [`mirostat_reads_the_top_of_the_row`] says; the paths sampling took are noted in
+/// `tally` if given. Returns how many draws were made from the top of a kept row.
+fn mirostat_steps(spec: &str, row: &[f32], seed: u32, label: &str, mut tally: Option<&mut Tally>) -> usize {
+    let v = row.len();
+    let ctx = BuildContext::new(v, RngConfig::mt19937(seed));
+    let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+    let mut stages = chain.stages().to_vec();
+    let mut applied = Chain::from_spec_for_apply(spec, &ctx).unwrap();
+    let mut applied_stages = applied.stages().to_vec();
+    let values = |c: &Candidates| {
+        let v: Vec<_> = c.as_slice().iter().map(|t| (t.logit.to_bits(), t.p.to_bits())).collect();
+        (v, c.selected_index())
+    };
+    let mut drawn_in_top = 0;
+    for step in 0..70 {
+        let label = format!("{label}, step {step}");
+        let want = array_path(&mut stages, row).unwrap();
+        let got = chain.sample(row).unwrap();
+        assert_eq!(Some(got), want.selected_token(), "{label}");
+        let in_top = matches!(chain.last_path(), Path::Fast(p) if p.ends_with("(drawn in the top)"));
+        if in_top {
+            // The whole row kept, the draw made from its top: the selected candidate alone, as
+            // the array path has it.
+            let c = chain.candidates();
+            assert_eq!(c.len(), 1, "{label}");
+            let (mut one, _) = values(&want);
+            one = vec![one[want.selected_index().unwrap()]];
+            assert_eq!(values(c), (one, Some(0)), "{label}");
+            drawn_in_top += 1;
+        } else {
+            assert_eq!(values(chain.candidates()), values(&want), "{label}");
+        }
+        let want_applied = array_path(&mut applied_stages, row).unwrap();
+        same(applied.apply(row).unwrap(), &want_applied).unwrap_or_else(|e| panic!("apply, {label}: {e}"));
+        if let Some(tally) = tally.as_deref_mut() {
+            tally.note(chain.last_path());
+        }
+        stages.iter_mut().for_each(|s| s.accept(got));
+    }
+    drawn_in_top
+}
+
+/// `temperature(t);mirostat*` divides what it reads of the row instead of a copy of it, and
+/// distinct logits may divide to equal values: rows whose entries are runs of neighbouring
+/// floats (a peaked row's values, each repeated a few ulps apart), under temperatures that
+/// merge neighbours (3, 7) and one that does not (0.3), with every cut and draw checked
+/// against the array path as in [`mirostat_reads_the_top_of_the_row`].
+#[test]
+fn mirostat_after_a_temperature_that_merges_neighbours() {
+    let specs = [
+        "temperature(3);mirostat_v2(5,0.1)",
+        "temperature(7);mirostat_v2(2,0.3)",
+        "temperature(3);mirostat_v2(40,0.1)",
+        "temperature(7);mirostat(5,0.1,100)",
+        "temperature(0.3);mirostat_v2(3,0.2)",
+        "temperature(3);mirostat(25,0.1,100)",
+    ];
+    let mut tally = Tally::default();
+    let mut drawn_in_top = 0;
+    for (case, v) in [3_000usize, 20_000].into_iter().enumerate() {
+        let base = generate::row(RowKind::Peaked, v.div_ceil(4), 90 + case as u64);
+        // Each value, then up to three of its neighbours above: ties once divided.
+        let row: Vec<f32> = (0..v)
+            .map(|i| {
+                let x = base[i / 4];
+                (0..i % 4).fold(x, |x, _| x.next_up())
+            })
+            .collect();
+        for (j, spec) in specs.iter().enumerate() {
+            let label = format!("{spec} on neighbours {v}");
+            drawn_in_top += mirostat_steps(spec, &row, j as u32 + 3, &label, Some(&mut tally));
+        }
+    }
+    eprintln!("mirostat after merging temperatures: {tally:?}, {drawn_in_top} drawn in the top");
+    // Most picked values are tied here, which sends the stage to the array with its draw; the
+    // fast path still decides some steps.
+    assert!(tally.fast > 0, "the fast path was never taken: {tally:?}");
 }

@@ -561,6 +561,15 @@ pub unsafe fn count_ge(values: &[f32], threshold: f32) -> usize {
     n + tail.iter().filter(|&&x| x >= threshold).count()
 }
 
+/// See [`super::min`]: the portable lanes, compiled for AVX2 (32 f32 lanes, four vectors).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn min(row: &[f32]) -> f32 {
+    super::portable::min(row)
+}
+
 /// See `arch::moments`: the portable lanes, compiled for AVX2 (16 f32 lanes, two vectors).
 ///
 /// # Safety
