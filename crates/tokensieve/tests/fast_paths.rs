@@ -265,6 +265,9 @@ fn sample_matches_the_array_path() {
             Just("xtc(0.5,0.1,1);top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist"),
             Just("penalties(64,1.1,0.1,0.1);xtc(0.5,0.05,2);top_k(40);dist"),
             Just("xtc(1,0.2,1);dist"),
+            Just("temperature(0.8);top_k(40);top_p(0.95,1);min_p(0.05,1);dist"),
+            Just("temperature(3);top_k(5);dist"),
+            Just("penalties(64,1.1,0.1,0.1);temperature(0.7);top_k(40);dist"),
         ]
             .prop_map(String::from),
     ];
@@ -1653,6 +1656,62 @@ fn mirostat_steps(spec: &str, row: &[f32], seed: u32, label: &str, mut tally: Op
         stages.iter_mut().for_each(|s| s.accept(got));
     }
     drawn_in_top
+}
+
+/// `temperature(t);top_k(k)` takes the top `k` of the raw row and divides it, instead of
+/// dividing a copy of the row: on language-model-like rows (the peaked generator's, the real
+/// row) and on rows of neighbouring floats that the temperature merges (ties at the cut or
+/// among the kept, where it must decline), every step's token and candidates equal the array
+/// path's, `apply` too, and the divided path decides every step on the peaked rows.
+#[test]
+fn temperature_then_top_k_divides_the_top() {
+    let mut rows: Vec<(String, Vec<f32>)> = vec![("real".into(), real_row())];
+    for (case, v) in [4_000usize, 32_000, 128_256].into_iter().enumerate() {
+        rows.push((format!("peaked {v}"), generate::row(RowKind::Peaked, v, 70 + case as u64)));
+        let base = generate::row(RowKind::Peaked, v.div_ceil(4), 80 + case as u64);
+        let neighbours = (0..v).map(|i| (0..i % 4).fold(base[i / 4], |x, _| x.next_up())).collect();
+        rows.push((format!("neighbours {v}"), neighbours));
+    }
+    let specs = [
+        "temperature(0.8);top_k(40);top_p(0.95,1);min_p(0.05,1);dist",
+        "temperature(3);top_k(5);dist",
+        "temperature(7);top_k(128);min_p(0.1,1);dist",
+        "temperature(0.3);top_k(1);dist",
+        "temperature(0.8);top_k(129);dist",
+        // Ties at the cut, where the draw often lands.
+        "temperature(7);top_k(1);dist",
+        "temperature(3);top_k(2);dist",
+    ];
+    let (mut divided, mut lm_steps, mut declined) = (0, 0, 0);
+    for (name, row) in &rows {
+        for (j, spec) in specs.iter().enumerate() {
+            let ctx = BuildContext::new(row.len(), RngConfig::mt19937(j as u32 + 11));
+            let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+            let mut stages = chain.stages().to_vec();
+            for step in 0..4 {
+                let label = format!("{spec} on {name}, step {step}");
+                let want = array_path(&mut stages, row).unwrap();
+                let got = chain.sample(row).unwrap();
+                assert_eq!(Some(got), want.selected_token(), "{label}");
+                let took = chain.last_path() == Path::Fast("top-k (divided)");
+                divided += usize::from(took);
+                // (The real row's top values repeat: bf16-like logits.)
+                if name.starts_with("peaked") && !spec.contains("top_k(129)") {
+                    lm_steps += 1;
+                    assert!(took, "{label}: {:?}", chain.last_path());
+                } else if name.starts_with("neighbours") && !took {
+                    declined += 1;
+                }
+                stages.iter_mut().for_each(|s| s.accept(got));
+            }
+            // `apply` takes the divided path too (the candidates are observed).
+            let mut applied = Chain::from_spec_for_apply(&spec.replace(";dist", ""), &ctx).unwrap();
+            let want = array_path(&mut applied.stages().to_vec(), row).unwrap();
+            same(applied.apply(row).unwrap(), &want).unwrap_or_else(|e| panic!("apply {spec} {name}: {e}"));
+        }
+    }
+    eprintln!("temperature;top_k: {divided} steps divided the top, {lm_steps} language-model-like, {declined} declined on merged ties");
+    assert!(declined > 0, "no step met a tie the temperature made");
 }
 
 /// `temperature(t);mirostat*` divides what it reads of the row instead of a copy of it, and

@@ -321,8 +321,13 @@ fn prepare_f32(
         start_greedy(row, summary, s, c)?;
         return greedy(r, summary, s, c).map(Prepared::Selected);
     }
+    let plan = patch_plan(stages);
+    // For `apply` too: the candidates are llama.cpp's, in its order.
+    if let Some(done) = plan.and_then(|plan| divided_top_k(stages, plan, (r, known), c, s)) {
+        return Ok(done);
+    }
     if need == Need::Token {
-        if let Some(plan) = patch_plan(stages) {
+        if let Some(plan) = plan {
             return prepare_patched(stages, plan, row, r, c, s, need);
         }
         // transformers' leading edits written into a copy: its summary serves, and the row's
@@ -437,6 +442,60 @@ fn patch_plan(stages: &[Stage]) -> Option<PatchPlan> {
         }
     }
     None
+}
+
+/// `temperature(t);top_k(k)` (inert stages aside, nothing else before them; `plan` the
+/// [`patch_plan`] that would divide a copy of the row) without the copy: `top_k` on the
+/// divided row keeps the `k` largest of `fl32(x / t)`, which the division (monotone) takes
+/// from the `k` largest raw entries. That is llama.cpp's result, in its order, when those
+/// divided values are distinct and the largest dropped one lies strictly below them (distinct
+/// logits may divide to equal values); then the candidates are the divided top `k`, sorted.
+/// `None` otherwise (ties, `k` above 128, a row that is not NaN-free), for the copy.
+///
+/// PERF: the copy divides every entry (a division and a store per entry): 31 µs for
+/// `temperature(0.8);top_k(40);top_p;min_p;dist` at V = 128,256 on Zen 4, against 6 µs with
+/// the temperature last.
+fn divided_top_k(
+    stages: &[Stage],
+    plan: PatchPlan,
+    (r, known): (&[f32], Option<Summary>),
+    c: &mut Candidates,
+    s: &mut Scratch,
+) -> Option<Prepared> {
+    let Some(Stage::TopK(t)) = stages.get(plan.first) else { return None };
+    let only_temperature =
+        stages[..plan.first].iter().filter(|st| !st.is_inert()).all(|st| matches!(st, Stage::Temperature(_)));
+    let k = (t.k() as usize).min(r.len());
+    if plan.div == 1.0 || !only_temperature || k == 0 || k > 128 {
+        return None;
+    }
+    let summary = known.unwrap_or_else(|| arch::summarize(r, &mut s.block_max));
+    if summary.suspect || !(summary.max / plan.div).is_finite() {
+        return None;
+    }
+    s.summary = Some(summary);
+    s.overlay.clear();
+    if rank_top(k, r, s, None) != Some(true) {
+        return None;
+    }
+    let div = plan.div;
+    let (g, keys) = (&s.gathered, &s.gathered_ranks);
+    let raw = |i: usize| g[keys[i] as u32 as usize].logit;
+    // The largest dropped entry divided: the (k+1)-th ranked, or below the least kept (every
+    // entry not gathered is).
+    let dropped = if keys.len() > k { raw(k) / div } else { raw(k - 1).next_down() / div };
+    let distinct = (1..k).all(|i| raw(i - 1) / div != raw(i) / div) && raw(k - 1) / div > dropped;
+    if !distinct {
+        return None;
+    }
+    c.begin(r.len());
+    c.data.extend(keys[..k].iter().map(|&key| {
+        let t = g[key as u32 as usize];
+        TokenData { logit: t.logit / div, ..t }
+    }));
+    c.sorted = true;
+    s.path = Path::Fast("top-k (divided)");
+    Some(Prepared::Built { applied: plan.first + 1 })
 }
 
 /// [`dispatch`] on a copy of the row with the overlay's edits written into it (and divided by
