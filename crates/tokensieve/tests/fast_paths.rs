@@ -1658,13 +1658,15 @@ fn mirostat_steps(spec: &str, row: &[f32], seed: u32, label: &str, mut tally: Op
     drawn_in_top
 }
 
-/// `temperature(t);top_k(k)` takes the top `k` of the raw row and divides it, instead of
-/// dividing a copy of the row: on language-model-like rows (the peaked generator's, the real
-/// row) and on rows of neighbouring floats that the temperature merges (ties at the cut or
-/// among the kept, where it must decline), every step's token and candidates equal the array
-/// path's, `apply` too, and the divided path decides every step on the peaked rows.
+/// `temperature(t);top_k(k)` takes the top `k` of the raw row and divides it, and
+/// `temperature(t);min_p(p)` the entries above a raw bound, instead of dividing a copy of the
+/// row: on language-model-like rows (the peaked generator's, the real row), on rows of
+/// neighbouring floats that the temperature merges (ties at `top_k`'s cut or among the kept,
+/// where it must decline) and on a flat row (where `min_p` keeps nearly everything and
+/// declines), every step's token equals the array path's, `apply`'s candidates too, and the
+/// divided paths decide every step on the peaked rows where llama.cpp's fast path would.
 #[test]
-fn temperature_then_top_k_divides_the_top() {
+fn a_leading_temperature_divides_the_top() {
     let mut rows: Vec<(String, Vec<f32>)> = vec![("real".into(), real_row())];
     for (case, v) in [4_000usize, 32_000, 128_256].into_iter().enumerate() {
         rows.push((format!("peaked {v}"), generate::row(RowKind::Peaked, v, 70 + case as u64)));
@@ -1672,6 +1674,16 @@ fn temperature_then_top_k_divides_the_top() {
         let neighbours = (0..v).map(|i| (0..i % 4).fold(base[i / 4], |x, _| x.next_up())).collect();
         rows.push((format!("neighbours {v}"), neighbours));
     }
+    rows.push(("flat 32000".into(), generate::row(RowKind::Flat, 32_000, 3)));
+    // The maximum 0 and entries that `temperature(0.5)` (an exact division) takes exactly to
+    // `min_p(0.05)`'s threshold `ln 0.05`, which keeps them.
+    let mut on_threshold = generate::row(RowKind::Peaked, 32_000, 4);
+    let top = on_threshold.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    on_threshold.iter_mut().for_each(|x| *x -= top);
+    for i in (7..32_000).step_by(997) {
+        on_threshold[i] = 0.05f32.ln() * 0.5;
+    }
+    rows.push(("on threshold 32000".into(), on_threshold));
     let specs = [
         "temperature(0.8);top_k(40);top_p(0.95,1);min_p(0.05,1);dist",
         "temperature(3);top_k(5);dist",
@@ -1681,6 +1693,12 @@ fn temperature_then_top_k_divides_the_top() {
         // Ties at the cut, where the draw often lands.
         "temperature(7);top_k(1);dist",
         "temperature(3);top_k(2);dist",
+        "temperature(0.8);min_p(0.05,1);dist",
+        "temperature(3);min_p(0.5,1);top_k(3);dist",
+        "temperature(0.3);min_p(0.2,1000);dist",
+        "temperature(0.5);min_p(0.05,1);dist",
+        // No survivor of the unsorted path: llama.cpp sorts.
+        "temperature(0.8);min_p(1.05,1);dist",
     ];
     let (mut divided, mut lm_steps, mut declined) = (0, 0, 0);
     for (name, row) in &rows {
@@ -1693,13 +1711,14 @@ fn temperature_then_top_k_divides_the_top() {
                 let want = array_path(&mut stages, row).unwrap();
                 let got = chain.sample(row).unwrap();
                 assert_eq!(Some(got), want.selected_token(), "{label}");
-                let took = chain.last_path() == Path::Fast("top-k (divided)");
+                let took = matches!(chain.last_path(), Path::Fast(p) if p.ends_with("(divided)"));
                 divided += usize::from(took);
                 // (The real row's top values repeat: bf16-like logits.)
-                if name.starts_with("peaked") && !spec.contains("top_k(129)") {
+                let declines = ["top_k(129)", "min_p(1.05", "1000)"].iter().any(|d| spec.contains(d));
+                if name.starts_with("peaked") && !declines {
                     lm_steps += 1;
                     assert!(took, "{label}: {:?}", chain.last_path());
-                } else if name.starts_with("neighbours") && !took {
+                } else if !name.starts_with("real") && !declines && !took {
                     declined += 1;
                 }
                 stages.iter_mut().for_each(|s| s.accept(got));
@@ -1710,8 +1729,8 @@ fn temperature_then_top_k_divides_the_top() {
             same(applied.apply(row).unwrap(), &want).unwrap_or_else(|e| panic!("apply {spec} {name}: {e}"));
         }
     }
-    eprintln!("temperature;top_k: {divided} steps divided the top, {lm_steps} language-model-like, {declined} declined on merged ties");
-    assert!(declined > 0, "no step met a tie the temperature made");
+    eprintln!("temperature first: {divided} steps divided the top, {lm_steps} language-model-like, {declined} declined (merged ties, a flat row)");
+    assert!(declined > 0, "no step declined");
 }
 
 /// `temperature(t);mirostat*` divides what it reads of the row instead of a copy of it, and

@@ -76,8 +76,9 @@ const CHAINS: &[&str] = &[
     // Edits and a temperature written into a reused copy of the row.
     "penalties(64,1.1,0.1,0.1);top_p(0.95,1);dist",
     "logit_bias(5:1.5 9:-inf);temperature(0.8);top_p(0.95,1);dist",
-    // The temperature first: the top `k` of the raw row, divided.
+    // The temperature first: the top of the raw row, divided.
     "temperature(0.8);top_k(40);top_p(0.95,1);min_p(0.05,1);dist",
+    "temperature(0.8);min_p(0.05,1);dist",
 ];
 
 #[test]

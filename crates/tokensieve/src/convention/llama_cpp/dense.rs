@@ -323,7 +323,10 @@ fn prepare_f32(
     }
     let plan = patch_plan(stages);
     // For `apply` too: the candidates are llama.cpp's, in its order.
-    if let Some(done) = plan.and_then(|plan| divided_top_k(stages, plan, (r, known), c, s)) {
+    let divided = |plan, c: &mut Candidates, s: &mut Scratch| {
+        divided_top_k(stages, plan, (r, known), c, s).or_else(|| divided_min_p(stages, plan, (r, known), c, s))
+    };
+    if let Some(done) = plan.and_then(|plan| divided(plan, c, s)) {
         return Ok(done);
     }
     if need == Need::Token {
@@ -463,18 +466,11 @@ fn divided_top_k(
     s: &mut Scratch,
 ) -> Option<Prepared> {
     let Some(Stage::TopK(t)) = stages.get(plan.first) else { return None };
-    let only_temperature =
-        stages[..plan.first].iter().filter(|st| !st.is_inert()).all(|st| matches!(st, Stage::Temperature(_)));
     let k = (t.k() as usize).min(r.len());
-    if plan.div == 1.0 || !only_temperature || k == 0 || k > 128 {
+    if k == 0 || k > 128 {
         return None;
     }
-    let summary = known.unwrap_or_else(|| arch::summarize(r, &mut s.block_max));
-    if summary.suspect || !(summary.max / plan.div).is_finite() {
-        return None;
-    }
-    s.summary = Some(summary);
-    s.overlay.clear();
+    divided_summary(stages, plan, (r, known), s)?;
     if rank_top(k, r, s, None) != Some(true) {
         return None;
     }
@@ -495,6 +491,65 @@ fn divided_top_k(
     }));
     c.sorted = true;
     s.path = Path::Fast("top-k (divided)");
+    Some(Prepared::Built { applied: plan.first + 1 })
+}
+
+/// The summary of `r` for [`divided_top_k`] and [`divided_min_p`] (in `s`, no overlay) and its
+/// divided maximum, where the stages before `plan.first` are a temperature (`plan.div != 1`)
+/// and inert ones, and the row is NaN-free with a finite divided maximum.
+fn divided_summary(
+    stages: &[Stage],
+    plan: PatchPlan,
+    (r, known): (&[f32], Option<Summary>),
+    s: &mut Scratch,
+) -> Option<f32> {
+    let only_temperature =
+        stages[..plan.first].iter().filter(|st| !st.is_inert()).all(|st| matches!(st, Stage::Temperature(_)));
+    if plan.div == 1.0 || !only_temperature {
+        return None;
+    }
+    let summary = known.unwrap_or_else(|| arch::summarize(r, &mut s.block_max));
+    let max = summary.max / plan.div;
+    if summary.suspect || !max.is_finite() {
+        return None;
+    }
+    s.summary = Some(summary);
+    s.overlay.clear();
+    Some(max)
+}
+
+/// `temperature(t);min_p(p, min_keep)` (as [`divided_top_k`]) without the copy: llama.cpp's
+/// unsorted `min_p` keeps, in row order, the entries whose divided logit `fl32(x / t)` reaches
+/// `fl32(fl32(max / t) + logf(p))`; they are gathered from the raw row above a raw bound
+/// ([`raw_bound`](crate::logprobs::raw_bound)), divided and tested. `None` where that path would
+/// not succeed (no survivor, fewer than `min_keep`), and where a quarter of the blocks reach the
+/// bound (a nearly flat row: the copy's path draws from the row when every entry survives).
+fn divided_min_p(
+    stages: &[Stage],
+    plan: PatchPlan,
+    (r, known): (&[f32], Option<Summary>),
+    c: &mut Candidates,
+    s: &mut Scratch,
+) -> Option<Prepared> {
+    let Some(Stage::MinP(m)) = stages.get(plan.first) else { return None };
+    let (p, min_keep) = m.params();
+    let max = divided_summary(stages, plan, (r, known), s)?;
+    let min_logit = max + p.ln();
+    let raw = crate::logprobs::raw_bound(min_logit, plan.div);
+    if min_logit.is_nan() || arch::count_ge(&s.block_max, raw) * 4 > s.block_max.len() {
+        return None;
+    }
+    gather_at_least(r, &s.block_max, &[], raw, &mut s.gathered, &mut s.blocks);
+    let div = plan.div;
+    s.gathered.iter_mut().for_each(|t| t.logit /= div);
+    s.gathered.retain(|t| t.logit >= min_logit);
+    let n = s.gathered.len();
+    if n == 0 || n < min_keep {
+        return None;
+    }
+    c.begin(r.len());
+    c.data.extend_from_slice(&s.gathered);
+    s.path = Path::Fast("min-p (divided)");
     Some(Prepared::Built { applied: plan.first + 1 })
 }
 
