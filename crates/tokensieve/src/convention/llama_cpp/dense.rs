@@ -323,10 +323,7 @@ fn prepare_f32(
     }
     let plan = patch_plan(stages);
     // For `apply` too: the candidates are llama.cpp's, in its order.
-    let divided = |plan, c: &mut Candidates, s: &mut Scratch| {
-        divided_top_k(stages, plan, (r, known), c, s).or_else(|| divided_min_p(stages, plan, (r, known), c, s))
-    };
-    if let Some(done) = plan.and_then(|plan| divided(plan, c, s)) {
+    if let Some(done) = plan.and_then(|plan| divided_first(stages, plan, (r, known), c, s)) {
         return Ok(done);
     }
     if need == Need::Token {
@@ -447,30 +444,17 @@ fn patch_plan(stages: &[Stage]) -> Option<PatchPlan> {
     None
 }
 
-/// `temperature(t);top_k(k)` (inert stages aside, nothing else before them; `plan` the
-/// [`patch_plan`] that would divide a copy of the row) without the copy: `top_k` on the
+/// `temperature(t);top_k(k)` ([`divided_first`]) without the copy: `top_k` on the
 /// divided row keeps the `k` largest of `fl32(x / t)`, which the division (monotone) takes
 /// from the `k` largest raw entries. That is llama.cpp's result, in its order, when those
 /// divided values are distinct and the largest dropped one lies strictly below them (distinct
 /// logits may divide to equal values); then the candidates are the divided top `k`, sorted.
-/// `None` otherwise (ties, `k` above 128, a row that is not NaN-free), for the copy.
+/// `None` otherwise (ties), for the copy.
 ///
 /// PERF: the copy divides every entry (a division and a store per entry): 31 µs for
 /// `temperature(0.8);top_k(40);top_p;min_p;dist` at V = 128,256 on Zen 4, against 6 µs with
 /// the temperature last.
-fn divided_top_k(
-    stages: &[Stage],
-    plan: PatchPlan,
-    (r, known): (&[f32], Option<Summary>),
-    c: &mut Candidates,
-    s: &mut Scratch,
-) -> Option<Prepared> {
-    let Some(Stage::TopK(t)) = stages.get(plan.first) else { return None };
-    let k = (t.k() as usize).min(r.len());
-    if k == 0 || k > 128 {
-        return None;
-    }
-    divided_summary(stages, plan, (r, known), s)?;
+fn divided_top_k(k: usize, plan: PatchPlan, r: &[f32], c: &mut Candidates, s: &mut Scratch) -> Option<Prepared> {
     if rank_top(k, r, s, None) != Some(true) {
         return None;
     }
@@ -494,18 +478,26 @@ fn divided_top_k(
     Some(Prepared::Built { applied: plan.first + 1 })
 }
 
-/// The summary of `r` for [`divided_top_k`] and [`divided_min_p`] (in `s`, no overlay) and its
-/// divided maximum, where the stages before `plan.first` are a temperature (`plan.div != 1`)
-/// and inert ones, and the row is NaN-free with a finite divided maximum.
-fn divided_summary(
+/// A leading `temperature(t)` (`plan`, from [`patch_plan`]; inert stages aside, nothing else
+/// before it) read through instead of divided into a copy of the row, where the stage after it
+/// is `top_k(k <= 128)` ([`divided_top_k`]) or `min_p` ([`divided_min_p`]) and the row is
+/// NaN-free with a finite divided maximum: the row's summary (into `s`, no overlay), then that
+/// stage's path. `None` (nothing observable done) for the copy.
+fn divided_first(
     stages: &[Stage],
     plan: PatchPlan,
     (r, known): (&[f32], Option<Summary>),
+    c: &mut Candidates,
     s: &mut Scratch,
-) -> Option<f32> {
+) -> Option<Prepared> {
     let only_temperature =
         stages[..plan.first].iter().filter(|st| !st.is_inert()).all(|st| matches!(st, Stage::Temperature(_)));
-    if plan.div == 1.0 || !only_temperature {
+    let top_k = match stages.get(plan.first) {
+        Some(Stage::TopK(t)) => Some((t.k() as usize).min(r.len())),
+        Some(Stage::MinP(_)) => None,
+        _ => return None,
+    };
+    if plan.div == 1.0 || !only_temperature || top_k.is_some_and(|k| k == 0 || k > 128) {
         return None;
     }
     let summary = known.unwrap_or_else(|| arch::summarize(r, &mut s.block_max));
@@ -515,25 +507,27 @@ fn divided_summary(
     }
     s.summary = Some(summary);
     s.overlay.clear();
-    Some(max)
+    match (&stages[plan.first], top_k) {
+        (_, Some(k)) => divided_top_k(k, plan, r, c, s),
+        (Stage::MinP(m), None) => divided_min_p(m.params(), max, plan, r, c, s),
+        _ => None,
+    }
 }
 
-/// `temperature(t);min_p(p, min_keep)` (as [`divided_top_k`]) without the copy: llama.cpp's
-/// unsorted `min_p` keeps, in row order, the entries whose divided logit `fl32(x / t)` reaches
-/// `fl32(fl32(max / t) + logf(p))`; they are gathered from the raw row above a raw bound
+/// `temperature(t);min_p(p, min_keep)` ([`divided_first`]; `max` the divided maximum) without
+/// the copy: llama.cpp's unsorted `min_p` keeps, in row order, the entries whose divided logit
+/// `fl32(x / t)` reaches `fl32(max + logf(p))`; they are gathered from the raw row above a raw bound
 /// ([`raw_bound`](crate::logprobs::raw_bound)), divided and tested. `None` where that path would
 /// not succeed (no survivor, fewer than `min_keep`), and where a quarter of the blocks reach the
 /// bound (a nearly flat row: the copy's path draws from the row when every entry survives).
 fn divided_min_p(
-    stages: &[Stage],
+    (p, min_keep): (f32, usize),
+    max: f32,
     plan: PatchPlan,
-    (r, known): (&[f32], Option<Summary>),
+    r: &[f32],
     c: &mut Candidates,
     s: &mut Scratch,
 ) -> Option<Prepared> {
-    let Some(Stage::MinP(m)) = stages.get(plan.first) else { return None };
-    let (p, min_keep) = m.params();
-    let max = divided_summary(stages, plan, (r, known), s)?;
     let min_logit = max + p.ln();
     let raw = crate::logprobs::raw_bound(min_logit, plan.div);
     if min_logit.is_nan() || arch::count_ge(&s.block_max, raw) * 4 > s.block_max.len() {
