@@ -170,13 +170,11 @@ fn raw_f32(r: &[f32], max: f32, token: u32, n: usize, s: &mut RawScratch, out: &
 }
 
 /// A raw bound for a threshold on divided values: every `x` with `fl32(x / div) >= threshold`
-/// (`div > 0`, `threshold` finite or `-inf`) is at least the returned value. Round to nearest
-/// takes `y = x / div` to at least `threshold` only from `y >= threshold - ulp/2`, and an ulp
-/// is at most `2^-23 |threshold|` (or `2^-149`); twice that, and the f64 product's rounding,
-/// are left as room.
+/// (`div > 0`, `threshold` finite or `-inf`) is at least the returned value
+/// ([`undivided_floor`](crate::convention::llama_cpp::dense::undivided_floor), rounded down).
 pub(crate) fn raw_bound(threshold: f32, div: f32) -> f32 {
-    let t = threshold as f64;
-    crate::convention::llama_cpp::dense::f32_at_most((t - t.abs() * 2f64.powi(-22) - 2f64.powi(-148)) * div as f64)
+    use crate::convention::llama_cpp::dense::{f32_at_most, undivided_floor};
+    f32_at_most(undivided_floor(threshold as f64, div))
 }
 
 /// [`raw`]'s buffers, kept per thread.

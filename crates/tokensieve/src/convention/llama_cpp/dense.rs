@@ -2666,6 +2666,16 @@ impl NearSums {
 static RUNG_BOUNDS: std::sync::LazyLock<[f64; RUNGS]> =
     std::sync::LazyLock::new(|| std::array::from_fn(|k| (-(k as f64) / 2.0).exp() * (1.0 + 2f64.powi(-21))));
 
+/// A bound below every `y` whose division by `div > 0` rounds to at least `bound`:
+/// `fl32(y / div) >= bound` implies `y / div >= bound - ulp(bound)` (round to nearest moves a
+/// value by at most half an ulp, and `|bound| 2^-23 + 2^-149` covers an ulp of any float at
+/// or below `bound` in magnitude), so `y >= (bound - |bound| 2^-22 - 2^-148) div`, computed
+/// in f64 with a relative margin for its own roundings. `-inf` stays `-inf`.
+pub(crate) fn undivided_floor(bound: f64, div: f32) -> f64 {
+    let y = (bound - bound.abs() * 2f64.powi(-22) - 2f64.powi(-148)) * div as f64;
+    y - y.abs() * 2f64.powi(-40)
+}
+
 /// The largest f32 at most `x` (`x` not NaN).
 pub(crate) fn f32_at_most(x: f64) -> f32 {
     let f = x as f32;

@@ -55,7 +55,7 @@ use crate::arch::{self, BLOCK};
 use crate::candidates::{total_order_key, Candidates, TokenData};
 use crate::convention::llama_cpp::dense::{
     crossing_block, f32_at_least, f32_at_most, gather_at_least, gather_lowered, gather_top, gather_top_lowered, total,
-    NearSums, Path, Prepared, Scratch, DRAW_FAR_MASSES,
+    undivided_floor, NearSums, Path, Prepared, Scratch, DRAW_FAR_MASSES,
 };
 use crate::convention::transformers::{from_sort_key, weight, weights_into};
 use crate::error::Result;
@@ -348,20 +348,15 @@ fn penalty_edit(p: &RepetitionPenalty) -> impl Fn(u32, f32) -> Option<f32> + '_ 
 }
 
 /// A raw logit below which no untouched token reaches processed value `tau` (finite):
-/// `f(z) >= tau` implies `z >= raw_floor(tau)`. Through each temperature backwards:
-/// `fl32(y / t) >= tau` implies `y / t >= tau - ulp(tau)` (round to nearest moves a value by
-/// at most half an ulp, and at most `|tau| * 2^-23 + 2^-149` covers an ulp of any float at or
-/// below `tau` in magnitude), so `y >= (tau - |tau| 2^-22 - 2^-148) t`, computed in f64 with
-/// a relative margin and rounded down to f32.
+/// `f(z) >= tau` implies `z >= raw_floor(tau)`. Through each temperature backwards
+/// ([`undivided_floor`]), rounded down to f32.
 fn raw_floor(prefix: &[Stage], tau: f32) -> f32 {
     let mut bound = tau as f64;
     for stage in prefix.iter().rev() {
         if let Stage::HfTemperature(t) = stage {
-            if stage.is_inert() {
-                continue;
+            if !stage.is_inert() {
+                bound = undivided_floor(bound, t.divisor());
             }
-            let y = (bound - bound.abs() * 2f64.powi(-22) - 2f64.powi(-148)) * t.divisor() as f64;
-            bound = y - y.abs() * 2f64.powi(-40);
         }
     }
     f32_at_most(bound)
