@@ -322,8 +322,10 @@ fn prepare_f32(
         return greedy(r, summary, s, c).map(Prepared::Selected);
     }
     let plan = patch_plan(stages);
-    // For `apply` too: the candidates are llama.cpp's, in its order.
-    if let Some(done) = plan.and_then(|plan| divided_first(stages, plan, (r, known), c, s)) {
+    // For `apply` too: the candidates are llama.cpp's, in its order. Where it declines after
+    // summarizing the row, that summary serves below.
+    let mut known = known;
+    if let Some(done) = plan.and_then(|plan| divided_first(stages, plan, (r, &mut known), c, s)) {
         return Ok(done);
     }
     if need == Need::Token {
@@ -481,12 +483,13 @@ fn divided_top_k(k: usize, plan: PatchPlan, r: &[f32], c: &mut Candidates, s: &m
 /// A leading `temperature(t)` (`plan`, from [`patch_plan`]; inert stages aside, nothing else
 /// before it) read through instead of divided into a copy of the row, where the stage after it
 /// is `top_k(k <= 128)` ([`divided_top_k`]) or `min_p` ([`divided_min_p`]) and the row is
-/// NaN-free with a finite divided maximum: the row's summary (into `s`, no overlay), then that
-/// stage's path. `None` (nothing observable done) for the copy.
+/// NaN-free with a finite divided maximum: the row's summary (into `s`, no overlay, and into
+/// `known` if it was not there), then that stage's path. `None` (nothing observable done) for
+/// the copy.
 fn divided_first(
     stages: &[Stage],
     plan: PatchPlan,
-    (r, known): (&[f32], Option<Summary>),
+    (r, known): (&[f32], &mut Option<Summary>),
     c: &mut Candidates,
     s: &mut Scratch,
 ) -> Option<Prepared> {
@@ -500,7 +503,7 @@ fn divided_first(
     if plan.div == 1.0 || !only_temperature || top_k.is_some_and(|k| k == 0 || k > 128) {
         return None;
     }
-    let summary = known.unwrap_or_else(|| arch::summarize(r, &mut s.block_max));
+    let summary = *known.get_or_insert_with(|| arch::summarize(r, &mut s.block_max));
     let max = summary.max / plan.div;
     if summary.suspect || !max.is_finite() {
         return None;
