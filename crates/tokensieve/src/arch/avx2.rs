@@ -960,14 +960,14 @@ pub(super) unsafe fn exp_sum_unordered_with<S: BlockScan>(
                 &row[first..end]
             };
             if let Ok(whole) = <&[f32; BLOCK]>::try_from(block) {
-                let (masks, count) = S::select(whole, threshold);
+                let count = S::select_pack(whole, threshold, &mut queues[cur][n..]);
                 if count >= DENSE {
                     if !add(block) {
                         return None;
                     }
                     continue;
                 }
-                n += S::pack(whole, masks, &mut queues[cur][n..]);
+                n += count;
             } else {
                 for &x in block {
                     if x >= threshold {
@@ -1066,12 +1066,34 @@ pub(super) trait BlockScan {
     /// Writes the selected entries, in order, to the start of `dst` (which has room for
     /// [`BLOCK`] + 8 values; what lies past the count is garbage); returns the count.
     unsafe fn pack(block: &[f32; BLOCK], masks: Self::Masks, dst: &mut [f32]) -> usize;
+    /// [`BlockScan::select`] then [`BlockScan::pack`]: the entries `>= threshold` written to
+    /// the start of `dst` (room as there), and their count. A caller that adds the block whole
+    /// (a dense one) ignores what was written.
+    #[inline(always)]
+    unsafe fn select_pack(block: &[f32; BLOCK], threshold: f32, dst: &mut [f32]) -> usize {
+        let (masks, _) = Self::select(block, threshold);
+        Self::pack(block, masks, dst)
+    }
     /// [`add_group`]'s result, bit for bit (`xs` as there).
     unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32;
     /// [`increments`] (`xs` and `scale` as there, no weights stored).
     unsafe fn increments(xs: &[f32], sub: f32, scale: f32) -> (u32, bool);
     /// [`increments_approx`]: the same.
     unsafe fn increments_approx(xs: &[f32], sub: f32, scale: f32) -> (u32, bool);
+}
+
+/// Left-packs the lanes of `x` that `mask` selects (bit `i`: lane `i`) to `dst[n..]`, no
+/// branch per entry: the 8 lanes are stored and the lanes past the count are overwritten by
+/// the next store or padded with -inf before use. Returns `n` plus the count.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn pack_vector(x: __m256, mask: usize, dst: &mut [f32], n: usize) -> usize {
+    // SAFETY: the table row holds 8 u32 lane indices < 8.
+    let idx = _mm256_loadu_si256(COMPRESS_LUT[mask].as_ptr() as *const __m256i);
+    let out = &mut dst[n..n + 8];
+    // SAFETY: `out` holds 8 floats.
+    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_permutevar8x32_ps(x, idx));
+    n + POPCOUNT[mask] as usize
 }
 
 /// Blocks whose maxima [`exp_sum_sequential_with`] compares with the threshold at once.
@@ -1110,15 +1132,24 @@ impl BlockScan for Avx2Scan {
         let mut n = 0;
         for (&m, c) in masks.iter().zip(block.chunks_exact(8)) {
             // SAFETY: `c` holds 8 floats.
+            n = pack_vector(_mm256_loadu_ps(c.as_ptr()), m as usize, dst, n);
+        }
+        n
+    }
+
+    /// PERF: one load, compare and left-pack per vector. `select` then `pack` read every
+    /// vector twice and kept the masks between them; on language-model rows almost every
+    /// block that passes holds a few entries at or above the threshold, so nearly all the
+    /// blocks the sums visit were read twice.
+    #[inline(always)]
+    unsafe fn select_pack(block: &[f32; BLOCK], threshold: f32, dst: &mut [f32]) -> usize {
+        let t = _mm256_set1_ps(threshold);
+        let mut n = 0;
+        for c in block.chunks_exact(8) {
+            // SAFETY: `c` holds 8 floats.
             let x = _mm256_loadu_ps(c.as_ptr());
-            // Left-pack the selected lanes (no branch per entry): lanes past the count are
-            // overwritten by the next store or padded with -inf before use.
-            // SAFETY: the table row holds 8 u32 lane indices < 8.
-            let idx = _mm256_loadu_si256(COMPRESS_LUT[m as usize].as_ptr() as *const __m256i);
-            let out = &mut dst[n..n + 8];
-            // SAFETY: `out` holds 8 floats.
-            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_permutevar8x32_ps(x, idx));
-            n += POPCOUNT[m as usize] as usize;
+            let m = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as usize;
+            n = pack_vector(x, m, dst, n);
         }
         n
     }
@@ -1210,7 +1241,10 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
             }
             let block = if is_patched { patch.apply(row, first, end, &mut patched) } else { &row[first..end] };
             if let Ok(whole) = <&[f32; BLOCK]>::try_from(block) {
-                let (masks, count) = S::select(whole, threshold);
+                // The block's passing entries are packed past the queue's end: kept below
+                // unless the block is added whole (then the queue is added first, and
+                // overwritten).
+                let count = S::select_pack(whole, threshold, &mut queues[cur][n..]);
                 if count >= DENSE {
                     // In order: what is queued comes first.
                     if waiting > 0 {
@@ -1225,7 +1259,7 @@ pub(super) unsafe fn exp_sum_sequential_with<S: BlockScan>(
                     raise(sum, &mut bound, &mut threshold);
                     continue;
                 }
-                n += S::pack(whole, masks, &mut queues[cur][n..]);
+                n += count;
             } else {
                 let vals = &mut queues[cur];
                 for &x in block {
