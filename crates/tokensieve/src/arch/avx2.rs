@@ -1056,24 +1056,13 @@ impl UlpTotal {
 /// at a time here, 16 in [`super::avx512`]. The queued values, and so the sum, are the same
 /// either way.
 pub(super) trait BlockScan {
-    /// Per-vector selection masks.
-    type Masks: Copy;
     /// Bit `j` set when `maxima[j] >= threshold`: which blocks of a [`GROUP`] can hold an
     /// entry at or above the threshold.
     unsafe fn passing(maxima: &[f32; GROUP], threshold: f32) -> u32;
-    /// The masks of the entries `>= threshold`, and how many there are.
-    unsafe fn select(block: &[f32; BLOCK], threshold: f32) -> (Self::Masks, usize);
-    /// Writes the selected entries, in order, to the start of `dst` (which has room for
-    /// [`BLOCK`] + 8 values; what lies past the count is garbage); returns the count.
-    unsafe fn pack(block: &[f32; BLOCK], masks: Self::Masks, dst: &mut [f32]) -> usize;
-    /// [`BlockScan::select`] then [`BlockScan::pack`]: the entries `>= threshold` written to
-    /// the start of `dst` (room as there), and their count. A caller that adds the block whole
-    /// (a dense one) ignores what was written.
-    #[inline(always)]
-    unsafe fn select_pack(block: &[f32; BLOCK], threshold: f32, dst: &mut [f32]) -> usize {
-        let (masks, _) = Self::select(block, threshold);
-        Self::pack(block, masks, dst)
-    }
+    /// Writes the entries `>= threshold`, in order, to the start of `dst` (which has room for
+    /// [`BLOCK`] + 8 values; what lies past the count is garbage); returns their count. A
+    /// caller that adds the block whole (a dense one) ignores what was written.
+    unsafe fn select_pack(block: &[f32; BLOCK], threshold: f32, dst: &mut [f32]) -> usize;
     /// [`add_group`]'s result, bit for bit (`xs` as there).
     unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32;
     /// [`increments`] (`xs` and `scale` as there, no weights stored).
@@ -1102,8 +1091,6 @@ pub(super) const GROUP: usize = 16;
 struct Avx2Scan;
 
 impl BlockScan for Avx2Scan {
-    type Masks = [u8; BLOCK / 8];
-
     #[inline(always)]
     unsafe fn passing(maxima: &[f32; GROUP], threshold: f32) -> u32 {
         let t = _mm256_set1_ps(threshold);
@@ -1113,32 +1100,8 @@ impl BlockScan for Avx2Scan {
         _mm256_movemask_ps(lo) as u32 | (_mm256_movemask_ps(hi) as u32) << 8
     }
 
-    #[inline(always)]
-    unsafe fn select(block: &[f32; BLOCK], threshold: f32) -> (Self::Masks, usize) {
-        let t = _mm256_set1_ps(threshold);
-        let mut masks = [0u8; BLOCK / 8];
-        let mut count = 0;
-        for (m, c) in masks.iter_mut().zip(block.chunks_exact(8)) {
-            // SAFETY: `c` holds 8 floats.
-            let x = _mm256_loadu_ps(c.as_ptr());
-            *m = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as u8;
-            count += POPCOUNT[*m as usize] as usize;
-        }
-        (masks, count)
-    }
-
-    #[inline(always)]
-    unsafe fn pack(block: &[f32; BLOCK], masks: Self::Masks, dst: &mut [f32]) -> usize {
-        let mut n = 0;
-        for (&m, c) in masks.iter().zip(block.chunks_exact(8)) {
-            // SAFETY: `c` holds 8 floats.
-            n = pack_vector(_mm256_loadu_ps(c.as_ptr()), m as usize, dst, n);
-        }
-        n
-    }
-
-    /// PERF: one load, compare and left-pack per vector. `select` then `pack` read every
-    /// vector twice and kept the masks between them; on language-model rows almost every
+    /// PERF: one load, compare and left-pack per vector. A pass for the masks and count, then
+    /// one to pack, read every vector twice; on language-model rows almost every
     /// block that passes holds a few entries at or above the threshold, so nearly all the
     /// blocks the sums visit were read twice.
     #[inline(always)]
