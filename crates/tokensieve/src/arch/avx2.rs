@@ -1,9 +1,9 @@
-//! AVX2 + FMA versions of the kernels in [`super`], same names and contracts.
+//! AVX2 + FMA (+ BMI1, POPCNT) versions of the kernels in [`super`], same names and contracts.
 //!
 //! Every function is `unsafe` for one reason only: it is compiled with
-//! `#[target_feature(enable = "avx2,fma")]`, so calling it on a CPU without those features is
-//! undefined behaviour. SAFETY (callers): the detection in [`super`] reports `Isa::Avx2` only after
-//! `is_x86_feature_detected!("avx2")` and `("fma")` both returned true, and the dispatchers in
+//! `#[target_feature(enable = "avx2,fma,bmi1,popcnt")]`, so calling it on a CPU without those
+//! features is undefined behaviour. SAFETY (callers): the detection in [`super`] reports
+//! `Isa::Avx2` only after `is_x86_feature_detected!` returned true for all four, and the dispatchers in
 //! [`super`] call these functions only then (`widen_f16` also needs F16C, detected beside
 //! them). Inside, the only other unsafe operations are
 //! unaligned loads and stores (`loadu`/`storeu`, no alignment requirement) whose bounds each
@@ -20,7 +20,7 @@ use super::{Summary, APPROX_Y_MIN, BLOCK, EXP2_POLY};
 use crate::candidates::TokenData;
 use std::arch::x86_64::*;
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn hmax(v: __m256) -> f32 {
     let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
@@ -39,8 +39,8 @@ unsafe fn hmax(v: __m256) -> f32 {
 /// Zen 4's `vmaxps` has a latency of 2 cycles; eight accumulators were not timed there.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn max(row: &[f32]) -> f32 {
     let mut a = [_mm256_set1_ps(f32::NEG_INFINITY); 8];
     let (steps, rest) = row.as_chunks::<64>();
@@ -64,7 +64,7 @@ pub unsafe fn max(row: &[f32]) -> f32 {
 }
 
 /// The max tree of one block of 64 floats at `p`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn block_max_tree(p: *const f32) -> __m256 {
     // SAFETY (caller): `p` points to 64 readable floats.
@@ -78,7 +78,7 @@ unsafe fn block_max_tree(p: *const f32) -> __m256 {
 /// The horizontal maxima of eight vectors, as one vector (lane `k` from `m[k]`): a transpose
 /// by unpacks, shuffles and a lane swap, with a `max` at each step. 12 shuffles and 7 `max`
 /// for eight blocks, against 24 and 24 for eight [`hmax`]. NaN lanes may be dropped.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn hmax8(m: &[__m256; 8]) -> __m256 {
     // Per 128-bit half, `[a02, b02, a13, b13]`: pairs of lanes of `a` and `b` reduced.
@@ -99,8 +99,8 @@ unsafe fn hmax8(m: &[__m256; 8]) -> __m256 {
 /// alarms are [`locate_max`]'s: an overflow to both infinities.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
     summarize_with::<FirstOperands>(row, block_max)
 }
@@ -220,7 +220,7 @@ pub(super) unsafe fn summarize_from<W: NanWatch>(
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; `out`, if given, must hold `src.len()` entries.
-#[target_feature(enable = "avx2,fma,f16c")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt,f16c")]
 pub unsafe fn widen_summarize_f16(src: &[half::f16], out: Option<&mut [f32]>, block_max: &mut Vec<f32>) -> Summary {
     // SAFETY (closure): this function's features are `widen_f16`'s.
     widen_summarize_with::<FirstOperands, _>(src, out, block_max, |s, o| unsafe { widen_f16(s, o) })
@@ -229,8 +229,8 @@ pub unsafe fn widen_summarize_f16(src: &[half::f16], out: Option<&mut [f32]>, bl
 /// See [`super::widen_summarize_bf16`]: [`widen_bf16`] part by part inside [`summarize`].
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA; `out`, if given, must hold `src.len()` entries.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT; `out`, if given, must hold `src.len()` entries.
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn widen_summarize_bf16(src: &[half::bf16], out: Option<&mut [f32]>, block_max: &mut Vec<f32>) -> Summary {
     // SAFETY (closure): this function's features are `widen_bf16`'s.
     widen_summarize_with::<FirstOperands, _>(src, out, block_max, |s, o| unsafe { widen_bf16(s, o) })
@@ -272,9 +272,9 @@ pub(super) unsafe fn widen_summarize_with<W: NanWatch, T>(
 /// See [`super::patch_summarize`] (the AVX2 NaN watch).
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA; `out` must hold `src.len()` entries, and `edits` be
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT; `out` must hold `src.len()` entries, and `edits` be
 /// sorted by id, each id below `src.len()`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub(crate) unsafe fn patch_summarize(
     src: &[f32],
     edits: &[(u32, f32)],
@@ -321,7 +321,7 @@ pub(super) unsafe fn patch_summarize_with<W: NanWatch>(
 }
 
 /// `x / div` for every `x` of `xs`, each rounded to f32 (8 divisions per instruction).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn divide(xs: &mut [f32], div: f32) {
     for x in xs {
@@ -332,8 +332,8 @@ unsafe fn divide(xs: &mut [f32], div: f32) {
 /// [`super::widen_bf16`] on 8 values per step: a bf16 is the top half of an f32.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA; `out` must hold `src.len()` entries.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT; `out` must hold `src.len()` entries.
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 pub unsafe fn widen_bf16(src: &[half::bf16], out: &mut [f32]) {
     let chunks = src.chunks_exact(8);
@@ -350,7 +350,7 @@ pub unsafe fn widen_bf16(src: &[half::bf16], out: &mut [f32]) {
 }
 
 /// The first index `i` with `values[i] == x`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 unsafe fn first_eq(values: &[f32], x: f32) -> Option<usize> {
     let t = _mm256_set1_ps(x);
     let chunks = values.chunks_exact(8);
@@ -372,7 +372,7 @@ unsafe fn first_eq(values: &[f32], x: f32) -> Option<usize> {
 /// reaches the root or a first operand, so it shows in the root or in the sum (NaN is kept by
 /// every addition). LLVM keeps the operands in this order: its x86 `max` node is not
 /// commutative unless NaN is ruled out (the tests put NaN at every position).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn block_max_firsts(p: *const f32) -> (__m256, __m256) {
     // SAFETY (caller): `p` points to 64 readable floats.
@@ -407,8 +407,8 @@ unsafe fn block_max_firsts(p: *const f32) -> (__m256, __m256) {
 /// which changes neither its maximum nor its NaN status.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn locate_max(row: &[f32]) -> Summary {
     locate_max_with::<FirstOperands>(row)
 }
@@ -460,7 +460,7 @@ pub(super) unsafe fn locate_max_with<W: NanWatch>(row: &[f32]) -> Summary {
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C (see the module docs).
-#[target_feature(enable = "avx2,fma,f16c")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt,f16c")]
 #[inline]
 pub unsafe fn widen_f16(src: &[half::f16], out: &mut [f32]) {
     let chunks = src.chunks_exact(8);
@@ -479,8 +479,8 @@ pub unsafe fn widen_f16(src: &[half::f16], out: &mut [f32]) {
 /// See [`super::block_max_into`]: [`summarize`]'s eight blocks at a time, without the sum.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn block_max_into(row: &[f32], out: &mut [f32]) -> f32 {
     let mut best_v = _mm256_set1_ps(f32::NEG_INFINITY);
     let groups = row.chunks_exact(8 * BLOCK);
@@ -514,8 +514,8 @@ pub unsafe fn block_max_into(row: &[f32], out: &mut [f32]) -> f32 {
 /// See [`super::argmax`].
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn argmax(row: &[f32]) -> Option<usize> {
     if row.is_empty() {
         return None;
@@ -546,8 +546,8 @@ pub unsafe fn argmax(row: &[f32]) -> Option<usize> {
 /// See [`super::count_ge`].
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn count_ge(values: &[f32], threshold: f32) -> usize {
     let t = _mm256_set1_ps(threshold);
     let chunks = values.chunks_exact(8);
@@ -564,8 +564,8 @@ pub unsafe fn count_ge(values: &[f32], threshold: f32) -> usize {
 /// See [`super::min`]: the portable lanes, compiled for AVX2 (32 f32 lanes, four vectors).
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT.
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub(crate) unsafe fn min(row: &[f32]) -> f32 {
     super::portable::min(row)
 }
@@ -573,15 +573,15 @@ pub(crate) unsafe fn min(row: &[f32]) -> f32 {
 /// See `arch::moments`: the portable lanes, compiled for AVX2 (16 f32 lanes, two vectors).
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT.
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub(crate) unsafe fn moments(values: &[f32]) -> (usize, f32, f64, f64) {
     super::portable::moments::<_, true>(values, |&x| x)
 }
 
 /// Bit `i` set for every `i` with `piece[i] >= threshold` (`t` holds it in every lane), for a
 /// `piece` of at most 64 entries.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn mask_ge(piece: &[f32], t: __m256, threshold: f32) -> u64 {
     if let Ok(whole) = <&[f32; 64]>::try_from(piece) {
@@ -614,8 +614,8 @@ unsafe fn mask_ge(piece: &[f32], t: __m256, threshold: f32) -> u64 {
 /// See [`super::for_each_ge`].
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn for_each_ge(block: &[f32], threshold: f32, mut f: impl FnMut(usize, f32)) {
     // One mask for the whole block (at most 64 entries): one loop over its set bits.
     let mut bits = mask_ge(block, _mm256_set1_ps(threshold), threshold);
@@ -629,8 +629,8 @@ pub unsafe fn for_each_ge(block: &[f32], threshold: f32, mut f: impl FnMut(usize
 /// See [`super::gather_ge`].
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 pub unsafe fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<TokenData>) {
     let t = _mm256_set1_ps(threshold);
@@ -691,8 +691,8 @@ pub unsafe fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<
 /// visiting its mask's bits, 0.41 µs (the register compresses are slow on Zen 4).
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, out: &mut Vec<TokenData>) {
     let t = _mm256_set1_ps(threshold);
     // Uninitialised: zeroing 2 KiB on every call cost more than the gathering's own listing.
@@ -726,6 +726,130 @@ pub unsafe fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, o
 
 /// The block maxima [`gather_blocks_ge`] tests before gathering from the blocks that pass.
 const LISTED: usize = 512;
+
+/// See [`super::Collector::start`] (the AVX-512 kernel's contract): lists the blocks whose
+/// maximum reaches `threshold`, 8 maxima per compare, their indices left-packed by table.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
+pub(crate) unsafe fn list_blocks_ge(block_max: &[f32], threshold: f32, blocks: &mut [u32]) -> usize {
+    assert!(blocks.len() >= block_max.len() + 16, "list_blocks_ge: no room for the block list");
+    let t = _mm256_set1_ps(threshold);
+    let mut listed = 0;
+    let groups = block_max.chunks_exact(8);
+    let rest = groups.remainder();
+    let step = _mm256_set1_epi32(8);
+    let mut index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for maxima in groups {
+        // SAFETY: `maxima` holds 8 floats; the table row holds 8 lane indices < 8.
+        let passing = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_loadu_ps(maxima.as_ptr()), t)) as usize;
+        let lanes = _mm256_loadu_si256(COMPRESS_LUT[passing].as_ptr() as *const __m256i);
+        // At most one index per maximum before this group: `listed + 8 <= blocks.len()`.
+        let out = &mut blocks[listed..listed + 8];
+        // SAFETY: `out` holds 8 u32.
+        _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, _mm256_permutevar8x32_epi32(index, lanes));
+        listed += passing.count_ones() as usize;
+        index = _mm256_add_epi32(index, step);
+    }
+    let first = block_max.len() - rest.len();
+    for (j, &bm) in rest.iter().enumerate() {
+        blocks[listed] = (first + j) as u32;
+        listed += usize::from(bm >= threshold);
+    }
+    listed
+}
+
+/// See [`super::Collector::next`] (the AVX-512 kernel's contract): queues the entries of `row`
+/// at or above `threshold` from the listed `blocks`, from the start of `queue` until it holds
+/// at least `limit` values or the blocks run out; returns how many blocks were read and how
+/// many values queued.
+///
+/// PERF: each block's 64 compares go into one mask, whose first [`SPARSE`] set bits are copied
+/// without a branch (a copy of entry 0 past the last, overwritten or padded later), the rest
+/// one by one. On the bench's row at V = 32,000, 411 of the 500 blocks pass with 2.2 entries
+/// each: a left-pack per vector of 8 (a table load and a permute for each of the 8, as
+/// [`exp_sum_unordered`]'s scan does) spent most of its work on vectors with nothing to queue.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
+pub(crate) unsafe fn collect_listed(
+    row: &[f32],
+    blocks: &[u32],
+    threshold: f32,
+    queue: &mut [f32],
+    limit: usize,
+) -> (usize, usize) {
+    assert!(queue.len() >= limit + BLOCK, "collect_listed: no room in the queue");
+    let t = _mm256_set1_ps(threshold);
+    let mut n = 0;
+    for (read, &b) in blocks.iter().enumerate() {
+        if n >= limit {
+            return (read, n);
+        }
+        let first = b as usize * BLOCK;
+        // `n < limit`: the queue has room for a block of values from `n`.
+        let room = &mut queue[n..n + BLOCK];
+        n += match row.get(first..first + BLOCK) {
+            Some(whole) => collect_block(whole.try_into().expect("a whole block"), t, room),
+            None => {
+                let mut pad = [f32::NEG_INFINITY; BLOCK];
+                let tail = &row[first..];
+                pad[..tail.len()].copy_from_slice(tail);
+                collect_block(&pad, t, room)
+            }
+        };
+    }
+    (blocks.len(), n)
+}
+
+/// Copies the entries `>= t` of `block`, in order, to the start of `room`; returns their count.
+/// Inlined into [`collect_listed`] (whose target features it needs): a call per block cost
+/// more than the block's compares.
+#[inline(always)]
+unsafe fn collect_block(block: &[f32; BLOCK], t: __m256, room: &mut [f32]) -> usize {
+    let room: &mut [f32; BLOCK] = room.try_into().expect("room for a block");
+    let mut hits = 0u64;
+    for (k, c) in block.chunks_exact(8).enumerate() {
+        // SAFETY: `c` holds 8 floats.
+        let m = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_loadu_ps(c.as_ptr()), t));
+        hits |= (m as u8 as u64) << (8 * k);
+    }
+    let mut n = 0;
+    for _ in 0..SPARSE {
+        // Once `hits` is empty, entry 0 goes where the next would, and `n` stays.
+        room[n] = block[(hits.trailing_zeros() & 63) as usize];
+        n += usize::from(hits != 0);
+        hits &= hits.wrapping_sub(1);
+    }
+    while hits != 0 {
+        room[n] = block[hits.trailing_zeros() as usize];
+        n += 1;
+        hits &= hits - 1;
+    }
+    n
+}
+
+/// The entries of a block [`collect_listed`] copies without a branch each: most blocks of a
+/// language-model row that reach the sums' threshold hold fewer.
+const SPARSE: usize = 4;
+
+/// See [`super::positions_ge`]: 64 values per mask, a loop over its set bits.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
+pub(crate) unsafe fn positions_ge(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
+    let t = _mm256_set1_ps(threshold);
+    for (g, piece) in values.chunks(64).enumerate() {
+        let mut hits = mask_ge(piece, t, threshold);
+        while hits != 0 {
+            out.push((64 * g) as u32 + hits.trailing_zeros());
+            hits &= hits - 1;
+        }
+    }
+}
 
 // ------------------------------------------------------------------------------- expf
 
@@ -784,7 +908,7 @@ pub(super) const EXPF_POLY: [f64; 3] = [
 /// to f32: `z = x·32/ln2 = k + r`, `2^(k/32)` from the table and the exponent bits, a cubic in
 /// `r`. The multiply-adds are fused exactly where glibc's FMA variant (`__expf_fma`, picked by
 /// its ifunc on CPUs with FMA) fuses them.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn expf_core(xd: __m256d) -> __m256d {
     let inv_ln2_n = _mm256_set1_pd(EXPF_INV_LN2_N);
@@ -806,7 +930,7 @@ unsafe fn expf_core(xd: __m256d) -> __m256d {
 }
 
 /// `expf(x)` on 8 lanes, for `x <= 0` or `-inf`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn expf8(x: __m256) -> __m256 {
     let lo = _mm256_cvtpd_ps(expf_core(_mm256_cvtps_pd(_mm256_castps256_ps128(x))));
@@ -819,8 +943,8 @@ unsafe fn expf8(x: __m256) -> __m256 {
 /// See [`super::exp_shifted`].
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn exp_shifted(src: &[f32], div: f32, sub: f32, out: &mut [f32]) {
     let (d, s) = (_mm256_set1_ps(div), _mm256_set1_ps(sub));
     let n = src.len().min(out.len());
@@ -839,8 +963,8 @@ pub unsafe fn exp_shifted(src: &[f32], div: f32, sub: f32, out: &mut [f32]) {
 /// See [`super::exp_shifted_sum`].
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn exp_shifted_sum(src: &[f32], div: f32, sub: f32) -> f64 {
     let (d, s) = (_mm256_set1_ps(div), _mm256_set1_ps(sub));
     let mut lo = _mm256_setzero_pd();
@@ -881,8 +1005,8 @@ pub unsafe fn exp_shifted_sum(src: &[f32], div: f32, sub: f32) -> f64 {
 /// queued weights are added.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> f32 {
     exp_sum_sequential_with::<Avx2Scan>(start, row, sub, block_max, patches)
 }
@@ -890,8 +1014,8 @@ pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &
 /// See [`super::exp_sum_unordered`].
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn exp_sum_unordered(
     start: f32,
     row: &[f32],
@@ -994,6 +1118,15 @@ pub(super) unsafe fn exp_sum_unordered_with<S: BlockScan>(
         }
     }
     Some(total.sum())
+}
+
+/// See [`super::exp_sum_unordered_values`].
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
+pub(crate) unsafe fn exp_sum_unordered_values(start: f32, xs: &[f32], sub: f32) -> Option<f32> {
+    exp_sum_unordered_values_with::<Avx2Scan>(start, xs, sub)
 }
 
 /// [`exp_sum_unordered_with`] over the values `xs` instead of a row (a multiple of 8 of
@@ -1303,7 +1436,7 @@ unsafe fn add_queued<S: BlockScan>(mut sum: f32, vals: &mut [f32], n: usize, sub
 /// `u >= 2^-125` and they are below `u/2` (k = 0, no tie) either way, and the FMA is spared
 /// slow microcode assists for subnormal inputs. Sums below 2^-102 (`E < 25`) and `+inf` take
 /// the plain loop.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
     debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
     add_group_by(
@@ -1320,7 +1453,7 @@ unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
 /// total of that many fits a u32 (the callers' room checks fail long before). With `STORE`
 /// (`xs` at most [`BLOCK`] entries) the weights are written to `w` as well, for the plain
 /// loop's fallback.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 pub(super) unsafe fn increments<const STORE: bool>(
     xs: &[f32],
@@ -1351,7 +1484,7 @@ pub(super) unsafe fn increments<const STORE: bool>(
 /// that have any (`scale` at most [`APPROX_SCALE_MAX`]). The first pass has no branch and
 /// only the approximation's constants; the second is rare on language-model rows (a vector
 /// holding one of the few large weights).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 pub(super) unsafe fn increments_approx(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
     debug_assert!(scale <= APPROX_SCALE_MAX && xs.len() <= INCREMENTS_MAX);
@@ -1403,7 +1536,7 @@ struct IncrementConsts {
 }
 
 impl IncrementConsts {
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,bmi1,popcnt")]
     #[inline]
     unsafe fn new(sub: f32, scale: f32) -> Self {
         Self {
@@ -1425,7 +1558,7 @@ impl IncrementConsts {
 
 /// [`add_group`]'s exact increments of 8 lanes `x`: the weights `expf(x - sub)`, the
 /// increments, and a mask of the lanes that are a tie or out of range (see the proof there).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn exact_increments(x: __m256, c: &IncrementConsts) -> (__m256, __m256i, __m256) {
     let wv = expf8(_mm256_sub_ps(x, c.sub));
@@ -1465,7 +1598,7 @@ unsafe fn exact_increments(x: __m256, c: &IncrementConsts) -> (__m256, __m256i, 
 /// (0.43 against 0.73 ns per weight with AVX-512 on a language-model row's tail, throwaway
 /// harness). The lanes it cannot certify are the few large weights, whose increments need
 /// every bit (`x'` above about `2^15`).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn approx_increments(x: __m256, c: &IncrementConsts) -> (__m256i, __m256) {
     let (w, y) = exp2_approx_with(_mm256_mul_ps(_mm256_sub_ps(x, c.sub), c.log2e), &c.exp2);
@@ -1482,9 +1615,9 @@ unsafe fn approx_increments(x: __m256, c: &IncrementConsts) -> (__m256i, __m256)
 /// the exact increment.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA.
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT.
 #[cfg(test)]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub(super) unsafe fn increments_by_lane(xs: &[f32; 8], sub: f32, scale: f32) -> [(u32, bool, u32); 8] {
     let c = IncrementConsts::new(sub, scale);
     let x = _mm256_loadu_ps(xs.as_ptr());
@@ -1556,7 +1689,7 @@ fn commit(sum: f32, total: u32) -> Option<f32> {
 }
 
 /// The sum of the 8 lanes (the callers' totals stay below 2^31).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn hsum_epi32(v: __m256i) -> i32 {
     let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
@@ -1588,8 +1721,8 @@ const fn compress_lut() -> [[u32; 8]; 256] {
 /// See [`super::exp_block_sums`].
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn exp_block_sums(src: &[f32], div: f32, sub: f32, out: &mut [f64]) {
     let (d, s) = (_mm256_set1_ps(div), _mm256_set1_ps(sub));
     for (o, block) in out.iter_mut().zip(src.chunks(BLOCK)) {
@@ -1620,7 +1753,7 @@ pub unsafe fn exp_block_sums(src: &[f32], div: f32, sub: f32, out: &mut [f64]) {
 /// which also leaves `n` in the low bits) and `|f| <= 0.5`, then a quintic for `2^f` whose
 /// exponent field gets `n` added. Returns the result and the clamped `y`.
 #[cfg(test)]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 pub(super) unsafe fn exp2_approx(y: __m256) -> (__m256, __m256) {
     exp2_approx_with(y, &Exp2Consts::new())
@@ -1635,7 +1768,7 @@ struct Exp2Consts {
 }
 
 impl Exp2Consts {
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,bmi1,popcnt")]
     #[inline]
     unsafe fn new() -> Self {
         Self {
@@ -1647,7 +1780,7 @@ impl Exp2Consts {
 }
 
 /// [`exp2_approx`] with its constants given.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn exp2_approx_with(y: __m256, c: &Exp2Consts) -> (__m256, __m256) {
     let y = _mm256_max_ps(y, c.y_min);
@@ -1671,8 +1804,8 @@ unsafe fn exp2_approx_with(y: __m256, c: &Exp2Consts) -> (__m256, __m256) {
 /// the error bound.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn exp_block_sums_approx(src: &[f32], div: f32, sub: f32, out: &mut [f64]) -> f64 {
     approx_sums(src, div, sub, 0..out.len(), out)
 }
@@ -1680,8 +1813,8 @@ pub unsafe fn exp_block_sums_approx(src: &[f32], div: f32, sub: f32, out: &mut [
 /// See [`super::exp_block_sums_approx_at`]: [`exp_block_sums_approx`] over the listed blocks.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn exp_block_sums_approx_at(src: &[f32], div: f32, sub: f32, blocks: &[u32], out: &mut [f64]) -> f64 {
     approx_sums(src, div, sub, blocks.iter().map(|&b| b as usize), out)
 }
@@ -1691,8 +1824,8 @@ pub unsafe fn exp_block_sums_approx_at(src: &[f32], div: f32, sub: f32, blocks: 
 /// lanes (a tree, no chain); `a`, `b` the bits-domain coefficients.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn cheap_block_sums_at(src: &[f32], a: f32, b: f32, blocks: &[u32], out: &mut [f32]) {
     let (va, vb, zero) = (_mm256_set1_ps(a), _mm256_set1_ps(b), _mm256_setzero_ps());
     // `max(t, 0)` with `t` first: a NaN `t` gives 0, as the portable kernel's `max` does.
@@ -1731,7 +1864,7 @@ pub(super) fn cheap_blocks(
 }
 
 /// The kernel of [`exp_block_sums_approx`], over the blocks `ids` names (each `< out.len()`).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn approx_sums(src: &[f32], div: f32, sub: f32, ids: impl Iterator<Item = usize>, out: &mut [f64]) -> f64 {
     let a = _mm256_set1_ps((std::f64::consts::LOG2_E / div as f64) as f32);
@@ -1786,8 +1919,8 @@ unsafe fn approx_sums(src: &[f32], div: f32, sub: f32, ids: impl Iterator<Item =
 /// rounds differently, so that a platform `expf` other than glibc's FMA variant is detected.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA (see the module docs).
-#[target_feature(enable = "avx2,fma")]
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn exp_replica_agrees() -> bool {
     let mut xs = [0.0f32; 1024];
     let end = (-104.5f32).to_bits();

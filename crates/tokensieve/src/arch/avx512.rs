@@ -16,7 +16,7 @@
 //! instead of a gather from memory; the tests check it against the platform's `expf`.
 //!
 //! Every function is `unsafe` for one reason only: it is compiled with
-//! `#[target_feature(enable = "avx512f,avx2,fma")]` (and `popcnt` for the scan, `avx512vl` for
+//! `#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]` (and `popcnt` for the scan, `avx512vl` for
 //! [`summarize`] and [`locate_max`]). SAFETY (callers): [`super`] calls these only after
 //! `is_x86_feature_detected!` returned true for `avx512f`, `popcnt`, `avx2` and `fma` (and
 //! `avx512vl` for those two).
@@ -37,8 +37,8 @@ use std::arch::x86_64::*;
 /// See [`super::summarize`]: [`super::avx2`]'s kernel, with the NaN watch of `OrderedMasks`.
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX-512VL, AVX2 and FMA.
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+/// The CPU must support AVX-512F, AVX-512VL, AVX2, FMA, BMI1 and POPCNT.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,bmi1,popcnt")]
 pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
     avx2::summarize_with::<OrderedMasks>(row, block_max)
 }
@@ -49,7 +49,7 @@ pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
 /// # Safety
 /// The CPU must support AVX-512F, AVX-512VL, AVX2, FMA and F16C; `out`, if given, must hold
 /// `src.len()` entries.
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,bmi1,popcnt,f16c")]
 pub unsafe fn widen_summarize_f16(src: &[half::f16], out: Option<&mut [f32]>, block_max: &mut Vec<f32>) -> Summary {
     // SAFETY (closure): this function's features include `widen_f16`'s.
     avx2::widen_summarize_with::<OrderedMasks, _>(src, out, block_max, |s, o| unsafe { avx2::widen_f16(s, o) })
@@ -59,9 +59,9 @@ pub unsafe fn widen_summarize_f16(src: &[half::f16], out: Option<&mut [f32]>, bl
 /// `OrderedMasks`.
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX-512VL, AVX2 and FMA; `out`, if given, must hold
+/// The CPU must support AVX-512F, AVX-512VL, AVX2, FMA, BMI1 and POPCNT; `out`, if given, must hold
 /// `src.len()` entries.
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,bmi1,popcnt")]
 pub unsafe fn widen_summarize_bf16(src: &[half::bf16], out: Option<&mut [f32]>, block_max: &mut Vec<f32>) -> Summary {
     // SAFETY (closure): this function's features include `widen_bf16`'s.
     avx2::widen_summarize_with::<OrderedMasks, _>(src, out, block_max, |s, o| unsafe { avx2::widen_bf16(s, o) })
@@ -71,9 +71,9 @@ pub unsafe fn widen_summarize_bf16(src: &[half::bf16], out: Option<&mut [f32]>, 
 /// `OrderedMasks`.
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX-512VL, AVX2 and FMA; as [`super::avx2::patch_summarize`]
+/// The CPU must support AVX-512F, AVX-512VL, AVX2, FMA, BMI1 and POPCNT; as [`super::avx2::patch_summarize`]
 /// for the arguments.
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,bmi1,popcnt")]
 pub(crate) unsafe fn patch_summarize(
     src: &[f32],
     edits: &[(u32, f32)],
@@ -87,8 +87,8 @@ pub(crate) unsafe fn patch_summarize(
 /// See [`super::locate_max`]: [`super::avx2`]'s kernel, with the NaN watch of `OrderedMasks`.
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX-512VL, AVX2 and FMA.
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+/// The CPU must support AVX-512F, AVX-512VL, AVX2, FMA, BMI1 and POPCNT.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,bmi1,popcnt")]
 pub unsafe fn locate_max(row: &[f32]) -> Summary {
     avx2::locate_max_with::<OrderedMasks>(row)
 }
@@ -145,7 +145,7 @@ struct Exp2Consts {
 }
 
 impl Exp2Consts {
-    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
     #[inline]
     unsafe fn new() -> Self {
         Self {
@@ -158,7 +158,7 @@ impl Exp2Consts {
 
 /// `2^y` on 16 lanes: [`super::avx2`]'s `exp2_approx` lane for lane (see there for the
 /// method and its error). Returns the result and the clamped `y`.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn exp2_approx_with(y: __m512, c: &Exp2Consts) -> (__m512, __m512) {
     let y = _mm512_max_ps(y, c.y_min);
@@ -177,9 +177,9 @@ unsafe fn exp2_approx_with(y: __m512, c: &Exp2Consts) -> (__m512, __m512) {
 /// [`exp2_approx_with`] with its constants, for the tests.
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX2 and FMA.
+/// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT.
 #[cfg(test)]
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub(super) unsafe fn exp2_approx(y: __m512) -> (__m512, __m512) {
     exp2_approx_with(y, &Exp2Consts::new())
 }
@@ -187,8 +187,8 @@ pub(super) unsafe fn exp2_approx(y: __m512) -> (__m512, __m512) {
 /// See [`super::exp_block_sums_approx`].
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX2 and FMA.
-#[target_feature(enable = "avx512f,avx2,fma")]
+/// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT.
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub unsafe fn exp_block_sums_approx(src: &[f32], div: f32, sub: f32, out: &mut [f64]) -> f64 {
     approx_sums(src, div, sub, 0..out.len(), out)
 }
@@ -196,8 +196,8 @@ pub unsafe fn exp_block_sums_approx(src: &[f32], div: f32, sub: f32, out: &mut [
 /// See [`super::exp_block_sums_approx_at`].
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX2 and FMA.
-#[target_feature(enable = "avx512f,avx2,fma")]
+/// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT.
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub unsafe fn exp_block_sums_approx_at(src: &[f32], div: f32, sub: f32, blocks: &[u32], out: &mut [f64]) -> f64 {
     approx_sums(src, div, sub, blocks.iter().map(|&b| b as usize), out)
 }
@@ -205,7 +205,7 @@ pub unsafe fn exp_block_sums_approx_at(src: &[f32], div: f32, sub: f32, blocks: 
 /// The kernel: per listed block, `Σ 2^y` with `y = fl(x·(log2 e / div) + (-sub·log2 e))`
 /// summed per lane in f32 (two chains of two vectors, then the chains), the lanes in f64;
 /// beside it `Σ -2^y·y` for the bound. The last, partial block uses the exact weights.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn approx_sums(src: &[f32], div: f32, sub: f32, ids: impl Iterator<Item = usize>, out: &mut [f64]) -> f64 {
     let a = _mm512_set1_ps((std::f64::consts::LOG2_E / div as f64) as f32);
@@ -251,8 +251,8 @@ unsafe fn approx_sums(src: &[f32], div: f32, sub: f32, ids: impl Iterator<Item =
 /// per block, summed pairwise, then across the lanes).
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX2 and FMA.
-#[target_feature(enable = "avx512f,avx2,fma")]
+/// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT.
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub unsafe fn cheap_block_sums_at(src: &[f32], a: f32, b: f32, blocks: &[u32], out: &mut [f32]) {
     let (va, vb, zero) = (_mm512_set1_ps(a), _mm512_set1_ps(b), _mm512_setzero_ps());
     // `max(t, 0)` with `t` first: a NaN `t` gives 0, as the portable kernel's `max` does.
@@ -275,7 +275,7 @@ pub unsafe fn cheap_block_sums_at(src: &[f32], a: f32, b: f32, blocks: &[u32], o
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
-#[target_feature(enable = "avx512f,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32], patches: &[(u32, f32)]) -> f32 {
     super::avx2::exp_sum_sequential_with::<Avx512Scan>(start, row, sub, block_max, patches)
 }
@@ -285,7 +285,7 @@ pub unsafe fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
-#[target_feature(enable = "avx512f,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub unsafe fn exp_sum_unordered(
     start: f32,
     row: &[f32],
@@ -301,7 +301,7 @@ pub unsafe fn exp_sum_unordered(
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
-#[target_feature(enable = "avx512f,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub(crate) unsafe fn exp_sum_unordered_values(start: f32, xs: &[f32], sub: f32) -> Option<f32> {
     super::avx2::exp_sum_unordered_values_with::<Avx512Scan>(start, xs, sub)
 }
@@ -311,7 +311,7 @@ pub(crate) unsafe fn exp_sum_unordered_values(start: f32, xs: &[f32], sub: f32) 
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
-#[target_feature(enable = "avx512f,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub(crate) unsafe fn list_blocks_ge(block_max: &[f32], threshold: f32, blocks: &mut [u32]) -> usize {
     assert!(blocks.len() >= block_max.len() + 16, "list_blocks_ge: no room for the block list");
     let t = _mm512_set1_ps(threshold);
@@ -348,7 +348,7 @@ pub(crate) unsafe fn list_blocks_ge(block_max: &[f32], threshold: f32, blocks: &
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
-#[target_feature(enable = "avx512f,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub(crate) unsafe fn collect_listed(
     row: &[f32],
     blocks: &[u32],
@@ -390,7 +390,7 @@ pub(crate) unsafe fn collect_listed(
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
-#[target_feature(enable = "avx512f,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub(crate) unsafe fn positions_ge(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
     let t = _mm512_set1_ps(threshold);
     let mut push_hits = |first: usize, mut hits: u64| {
@@ -420,7 +420,7 @@ pub(crate) unsafe fn positions_ge(values: &[f32], threshold: f32, out: &mut Vec<
 ///
 /// # Safety
 /// `p` must point to BLOCK floats and `q + n` to room for BLOCK floats.
-#[target_feature(enable = "avx512f,avx2,fma,popcnt")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn collect_block(p: *const f32, t: __m512, q: *mut f32, n: &mut usize) {
     let x = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)), _mm512_loadu_ps(p.add(32)), _mm512_loadu_ps(p.add(48))];
@@ -521,7 +521,7 @@ struct ExpfConsts {
 }
 
 impl ExpfConsts {
-    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
     #[inline]
     unsafe fn new() -> Self {
         // SAFETY: EXP2F_TAB holds 32 u64: four vectors of 8.
@@ -540,7 +540,7 @@ impl ExpfConsts {
 /// [`super::avx2`]'s `expf_core` on 8 lanes: the same operations lane for lane. The table entry
 /// `i = k mod 32` comes from registers: the low 4 bits of `k` pick one of 16 entries in each
 /// half of the table (`vpermi2q` reads bits 0 to 3 of each index), bit 4 picks the half.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn expf_core(xd: __m512d, c: &ExpfConsts) -> __m512d {
     let kd_shifted = _mm512_fmadd_pd(c.inv_ln2_n, xd, c.shift);
@@ -559,7 +559,7 @@ unsafe fn expf_core(xd: __m512d, c: &ExpfConsts) -> __m512d {
 }
 
 /// `expf(x)` on 16 lanes, for `x <= 0` or `-inf`: [`super::avx2`]'s `expf8`, lane for lane.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn expf16(x: __m512, c: &ExpfConsts) -> __m512 {
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
@@ -574,8 +574,8 @@ unsafe fn expf16(x: __m512, c: &ExpfConsts) -> __m512 {
 /// time (the same value lane for lane); the tail is one masked vector.
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX2 and FMA.
-#[target_feature(enable = "avx512f,avx2,fma")]
+/// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT.
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub unsafe fn exp_shifted(src: &[f32], div: f32, sub: f32, out: &mut [f32]) {
     let c = ExpfConsts::new();
     let (d, s) = (_mm512_set1_ps(div), _mm512_set1_ps(sub));
@@ -596,8 +596,8 @@ pub unsafe fn exp_shifted(src: &[f32], div: f32, sub: f32, out: &mut [f32]) {
 /// of 8 added in order, then the same pairwise combination and scalar tail.
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX2 and FMA.
-#[target_feature(enable = "avx512f,avx2,fma")]
+/// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT.
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub unsafe fn exp_block_sums(src: &[f32], div: f32, sub: f32, out: &mut [f64]) {
     let c = ExpfConsts::new();
     let (d, s) = (_mm512_set1_ps(div), _mm512_set1_ps(sub));
@@ -633,7 +633,7 @@ pub unsafe fn exp_block_sums(src: &[f32], div: f32, sub: f32, out: &mut [f64]) {
 /// the same result bit for bit (integer totals and the OR of the tie flags do not depend on
 /// how the lanes are grouped). `xs` holds a multiple of 8 and at most [`BLOCK`] entries; a
 /// last half vector is loaded masked, its other lanes as `-inf` (weight 0, increment 0).
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 unsafe fn add_group(sum: f32, xs: &[f32], sub: f32) -> f32 {
     debug_assert!(xs.len().is_multiple_of(8) && xs.len() <= BLOCK);
     avx2::add_group_by(
@@ -660,7 +660,7 @@ struct IncrementConsts {
 }
 
 impl IncrementConsts {
-    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
     #[inline]
     unsafe fn new(sub: f32, scale: f32) -> Self {
         Self {
@@ -681,7 +681,7 @@ impl IncrementConsts {
 
 /// `add_group`'s exact increments of 16 lanes `x`: the weights, the increments, and the lanes
 /// that are a tie or out of range ([`super::avx2`]'s `exact_increments`, lane for lane).
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn exact_increments(x: __m512, c: &IncrementConsts, e: &ExpfConsts) -> (__m512, __m512i, u16) {
     let wv = expf16(_mm512_sub_ps(x, c.sub), e);
@@ -695,7 +695,7 @@ unsafe fn exact_increments(x: __m512, c: &IncrementConsts, e: &ExpfConsts) -> (_
 
 /// The same increments from approximate weights, and the lanes where they are not certain
 /// ([`super::avx2`]'s `approx_increments`, lane for lane).
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn approx_increments(x: __m512, c: &IncrementConsts) -> (__m512i, u16) {
     let (w, y) = exp2_approx_with(_mm512_mul_ps(_mm512_sub_ps(x, c.sub), c.log2e), &c.exp2);
@@ -711,7 +711,7 @@ unsafe fn approx_increments(x: __m512, c: &IncrementConsts) -> (__m512i, u16) {
 /// total and flag): `add_group`'s integer increments over `xs` (a multiple of 8 entries, at
 /// most `INCREMENTS_MAX`; at most [`BLOCK`] with `STORE`) for the ulp scale `scale`, and
 /// whether every lane was exact; with `STORE` the weights go to `w` too.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 #[inline]
 pub(super) unsafe fn increments<const STORE: bool>(
     xs: &[f32],
@@ -739,7 +739,7 @@ pub(super) unsafe fn increments<const STORE: bool>(
 
 /// [`super::avx2`]'s `increments_approx` on 16 lanes (the same per-lane operations, so the
 /// same total and flag).
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 #[inline]
 pub(super) unsafe fn increments_approx(xs: &[f32], sub: f32, scale: f32) -> (u32, bool) {
     debug_assert!(scale <= APPROX_SCALE_MAX && xs.len() <= INCREMENTS_MAX);
@@ -767,7 +767,7 @@ pub(super) unsafe fn increments_approx(xs: &[f32], sub: f32, scale: f32) -> (u32
 
 /// The 16 entries of `xs` from `first`, or its last 8 with `-inf` (weight 0, increment 0) in
 /// the other lanes; and the mask of the lanes that are entries.
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn load_lanes(xs: &[f32], first: usize) -> (__m512, u16) {
     let lanes: u16 = if xs.len() - first >= 16 { 0xffff } else { 0x00ff };

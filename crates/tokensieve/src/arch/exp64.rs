@@ -307,7 +307,7 @@ const TOP_HUGE: u64 = 0x408;
 /// [`replica_agrees`] returned true.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA, and AVX-512F when `avx512` is set.
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT, and AVX-512F when `avx512` is set.
 #[cfg(target_arch = "x86_64")]
 pub(super) unsafe fn exp_in_place(xs: &mut [f64], avx512: bool) {
     if avx512 {
@@ -320,7 +320,7 @@ pub(super) unsafe fn exp_in_place(xs: &mut [f64], avx512: bool) {
 /// See [`super::exp64_block_sums`]; only call it after [`replica_agrees`] returned true.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA, and AVX-512F when `avx512` is set.
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT, and AVX-512F when `avx512` is set.
 #[cfg(target_arch = "x86_64")]
 pub(super) unsafe fn block_sums(src: &[f32], div: f32, sub: f32, out: &mut Vec<f64>, avx512: bool) {
     if avx512 {
@@ -355,7 +355,7 @@ pub(super) fn reduce8(l: &[f64; 8]) -> f64 {
 /// infinities): false on a libm other than glibc's FMA build.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA, and AVX-512F when `avx512` is set.
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT, and AVX-512F when `avx512` is set.
 #[cfg(target_arch = "x86_64")]
 pub(super) unsafe fn replica_agrees(avx512: bool) -> bool {
     let mut xs = vec![0.0f64; 4099];
@@ -413,7 +413,7 @@ mod x86 {
 
     /// `exp` on 8 lanes: the results, and the mask of the lanes left to the platform's `exp`
     /// (`|x| >= 512`, NaN, `+inf`; `-inf` gives `+0` here).
-    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
     #[inline]
     unsafe fn exp8(x: __m512d) -> (__m512d, u32) {
         let top = _mm512_and_si512(_mm512_srli_epi64::<52>(_mm512_castpd_si512(x)), _mm512_set1_epi64(0x7ff));
@@ -457,7 +457,7 @@ mod x86 {
     }
 
     /// `exp` on 4 lanes, as [`exp8`].
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,bmi1,popcnt")]
     #[inline]
     unsafe fn exp4(x: __m256d) -> (__m256d, u32) {
         let top = _mm256_and_si256(_mm256_srli_epi64::<52>(_mm256_castpd_si256(x)), _mm256_set1_epi64x(0x7ff));
@@ -536,8 +536,8 @@ mod x86 {
     /// See [`super::exp_in_place`]: 8 lanes.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F, AVX2 and FMA.
-    #[target_feature(enable = "avx512f,avx2,fma")]
+    /// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT.
+    #[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
     pub(super) unsafe fn exp_in_place_avx512(xs: &mut [f64]) {
         each_vector::<8>(xs, |xs| {
             // SAFETY: a load and a store of 8 f64s from and to an array of 8.
@@ -552,8 +552,8 @@ mod x86 {
     /// See [`super::exp_in_place`]: 4 lanes.
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
+    /// The CPU must support AVX2, FMA, BMI1 and POPCNT.
+    #[target_feature(enable = "avx2,fma,bmi1,popcnt")]
     pub(super) unsafe fn exp_in_place_avx2(xs: &mut [f64]) {
         each_vector::<4>(xs, |xs| {
             // SAFETY: a load and a store of 4 f64s from and to an array of 4.
@@ -567,7 +567,7 @@ mod x86 {
 
     /// The weights of 8 entries, `exp(f64(fl32(fl32(z / div) - sub)))`, with the lanes the
     /// kernel leaves to the platform's `exp` filled in.
-    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
     #[inline]
     unsafe fn weights8(z: &[f32; 8], div: __m256, sub: __m256) -> __m512d {
         // SAFETY: a load of 8 f32s from an array of 8.
@@ -604,8 +604,8 @@ mod x86 {
     /// See [`super::exp64_block_sums`]: 8 lanes.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F, AVX2 and FMA.
-    #[target_feature(enable = "avx512f,avx2,fma")]
+    /// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT.
+    #[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
     pub(super) unsafe fn block_sums_avx512(src: &[f32], div: f32, sub: f32, out: &mut Vec<f64>) {
         let (div, sub) = (_mm256_set1_ps(div), _mm256_set1_ps(sub));
         out.clear();
@@ -623,8 +623,8 @@ mod x86 {
     /// See [`super::exp64_block_sums`]: two vectors of 4 lanes (the same 8 running sums).
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
+    /// The CPU must support AVX2, FMA, BMI1 and POPCNT.
+    #[target_feature(enable = "avx2,fma,bmi1,popcnt")]
     pub(super) unsafe fn block_sums_avx2(src: &[f32], div: f32, sub: f32, out: &mut Vec<f64>) {
         let (div, sub) = (_mm256_set1_ps(div), _mm256_set1_ps(sub));
         let half = |x: __m128| {

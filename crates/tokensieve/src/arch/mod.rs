@@ -102,7 +102,8 @@ pub const BLOCK: usize = 64;
 pub enum Isa {
     /// Plain Rust, any CPU.
     Portable,
-    /// x86-64 AVX2 and FMA.
+    /// x86-64 AVX2 and FMA, with BMI1 and POPCNT (which every AVX2 CPU has: `tzcnt` and
+    /// `popcnt` for the block scans' masks).
     Avx2,
     /// aarch64 NEON: the whole-row passes ([`max`], [`summarize`], [`locate_max`],
     /// [`block_max_into`], [`argmax`], [`count_ge`]), the gathers ([`gather_ge`],
@@ -119,7 +120,7 @@ struct Caps {
     /// F16C (`vcvtph2ps`) beside AVX2: f16 rows widen 8 values per instruction.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     f16c: bool,
-    /// AVX-512F (and POPCNT) beside AVX2: the approximate block sums and the sequential sum
+    /// AVX-512F beside AVX2: the approximate block sums and the sequential sum
     /// run on 16 lanes.
     avx512: bool,
     /// AVX-512F and AVX-512VL beside AVX2: [`summarize`] and [`locate_max`] watch for NaN
@@ -127,6 +128,16 @@ struct Caps {
     avx512vl: bool,
     /// The f64 `exp` replica ([`mod@exp64`]) agrees with the platform's `f64::exp`.
     exact_exp64: bool,
+}
+
+/// Whether this CPU runs [`avx2`]'s kernels: AVX2 and FMA, and BMI1 and POPCNT, which come
+/// with them on every x86-64 CPU that has them (x86-64-v3 requires all four).
+#[cfg(target_arch = "x86_64")]
+fn avx2_detected() -> bool {
+    std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+        && std::is_x86_feature_detected!("bmi1")
+        && std::is_x86_feature_detected!("popcnt")
 }
 
 fn caps() -> Caps {
@@ -147,13 +158,13 @@ fn caps() -> Caps {
             return portable;
         }
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if avx2_detected() {
             let no_avx512 = wanted.is_some_and(|v| v == "avx2");
-            // SAFETY: AVX2 and FMA were detected just above.
+            // SAFETY: AVX2, FMA, BMI1 and POPCNT were detected just above.
             let exact_exp = unsafe { avx2::exp_replica_agrees() };
-            let avx512 =
-                !no_avx512 && std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("popcnt");
-            // SAFETY: AVX2 and FMA were detected above, AVX-512F where `avx512` says so.
+            let avx512 = !no_avx512 && std::is_x86_feature_detected!("avx512f");
+            // SAFETY: AVX2, FMA, BMI1 and POPCNT were detected above, AVX-512F where `avx512`
+            // says so.
             let exact_exp64 = unsafe { exp64::replica_agrees(avx512) };
             return Caps {
                 isa: Isa::Avx2,
@@ -268,7 +279,7 @@ fn bf16_kernel() -> Option<FusedWiden<half::bf16>> {
     #[cfg(target_arch = "x86_64")]
     {
         let c = caps();
-        // `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime, `avx512vl`
+        // `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime, `avx512vl`
         // only beside them when AVX-512F and AVX-512VL were too.
         (c.isa == Isa::Avx2).then_some(if c.avx512vl {
             avx512::widen_summarize_bf16
@@ -313,14 +324,14 @@ pub fn isa() -> Isa {
 }
 
 /// True when the AVX-512 kernels of [`exp_block_sums_approx`] and [`exp_sum_sequential`] are
-/// in use (AVX-512F and POPCNT detected beside AVX2 and FMA). The other kernels are AVX2's
+/// in use (AVX-512F detected beside AVX2, FMA, BMI1 and POPCNT). The other kernels are AVX2's
 /// either way (but see [`avx512vl`]).
 pub fn avx512() -> bool {
     caps().avx512
 }
 
 /// True when [`summarize`] and [`locate_max`] watch for NaN with AVX-512VL mask compares
-/// (AVX-512F and AVX-512VL detected beside AVX2 and FMA).
+/// (AVX-512F and AVX-512VL detected beside AVX2, FMA, BMI1 and POPCNT).
 pub fn avx512vl() -> bool {
     caps().avx512vl && caps().isa == Isa::Avx2
 }
@@ -339,7 +350,7 @@ pub fn vectorised_exp() -> bool {
 /// ```
 pub fn max(row: &[f32]) -> f32 {
     match caps().isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::max(row) },
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
@@ -361,7 +372,7 @@ pub fn max(row: &[f32]) -> f32 {
 /// ```
 pub fn min(row: &[f32]) -> f32 {
     match caps().isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::min(row) },
         _ => portable::min(row),
@@ -388,7 +399,7 @@ pub fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
     // The x86 kernels size `block_max` and write every entry: a row of the last row's length
     // (the usual case) costs no fill. The others push onto it.
     match c.isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime,
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime,
         // `avx512vl` only beside them when AVX-512F and AVX-512VL were too.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 if c.avx512vl => unsafe { avx512::summarize(row, block_max) },
@@ -432,7 +443,7 @@ pub(crate) fn patch_summarize(
     out.resize(src.len(), 0.0);
     let c = caps();
     match c.isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime,
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime,
         // `avx512vl` only beside them when AVX-512F and AVX-512VL were too; `out` holds
         // `src.len()` entries and the edits were checked above.
         #[cfg(target_arch = "x86_64")]
@@ -472,7 +483,7 @@ pub(crate) fn patch_summarize(
 pub fn locate_max(row: &[f32]) -> Summary {
     let c = caps();
     match c.isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime,
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime,
         // `avx512vl` only beside them when AVX-512F and AVX-512VL were too.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 if c.avx512vl => unsafe { avx512::locate_max(row) },
@@ -491,7 +502,7 @@ pub fn locate_max(row: &[f32]) -> Summary {
 pub fn block_max_into(row: &[f32], out: &mut [f32]) -> f32 {
     assert_eq!(out.len(), row.len().div_ceil(BLOCK), "block_max_into: wrong output length");
     match caps().isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::block_max_into(row, out) },
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
@@ -509,7 +520,7 @@ pub fn block_max_into(row: &[f32], out: &mut [f32]) -> f32 {
 /// ```
 pub fn argmax(row: &[f32]) -> Option<usize> {
     match caps().isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::argmax(row) },
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
@@ -522,7 +533,7 @@ pub fn argmax(row: &[f32]) -> Option<usize> {
 /// How many values are `>= threshold`.
 pub fn count_ge(values: &[f32], threshold: f32) -> usize {
     match caps().isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::count_ge(values, threshold) },
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
@@ -548,7 +559,7 @@ pub(crate) const MOMENT_RUN: usize = 64;
 /// and runs of 16 half as much again (their f64 additions spill).
 pub(crate) fn moments(values: &[f32]) -> (usize, f32, f64, f64) {
     match caps().isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::moments(values) },
         _ => portable::moments::<_, false>(values, |&x| x),
@@ -562,7 +573,7 @@ pub(crate) fn moments(values: &[f32]) -> (usize, f32, f64, f64) {
 pub fn for_each_ge(block: &[f32], threshold: f32, f: impl FnMut(usize, f32)) {
     assert!(block.len() <= BLOCK, "for_each_ge: more than one block");
     match caps().isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::for_each_ge(block, threshold, f) },
         // SAFETY: the module exists only where the target enables NEON.
@@ -603,7 +614,7 @@ pub(crate) fn settle_gap(values: &[f32], need: usize, max: f32, start: f32) -> O
 /// order.
 pub fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<TokenData>) {
     match caps().isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::gather_ge(block, base, threshold, out) },
         // SAFETY: the module exists only where the target enables NEON.
@@ -619,7 +630,7 @@ pub fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<TokenDa
 pub fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, out: &mut Vec<TokenData>) {
     assert_eq!(block_max.len(), row.len().div_ceil(BLOCK), "gather_blocks_ge: wrong block count");
     match caps().isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime.
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::gather_blocks_ge(row, block_max, threshold, out) },
         // SAFETY: the module exists only where the target enables NEON.
@@ -638,7 +649,7 @@ pub fn exp_shifted(src: &[f32], div: f32, sub: f32, out: &mut [f32]) {
     let c = caps();
     if c.exact_exp {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `exact_exp` is only set after AVX2 and FMA were detected at runtime,
+        // SAFETY: `exact_exp` is only set after AVX2, FMA, BMI1 and POPCNT were detected at runtime,
         // `avx512` only beside them when AVX-512F was too.
         unsafe {
             if c.avx512 {
@@ -658,7 +669,7 @@ pub fn exp_shifted_sum(src: &[f32], div: f32, sub: f32) -> f64 {
     let c = caps();
     if c.exact_exp {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `exact_exp` is only set after AVX2 and FMA were detected at runtime.
+        // SAFETY: `exact_exp` is only set after AVX2, FMA, BMI1 and POPCNT were detected at runtime.
         unsafe {
             return avx2::exp_shifted_sum(src, div, sub);
         }
@@ -678,7 +689,7 @@ pub fn exp_in_place(xs: &mut [f64]) {
     let c = caps();
     if c.exact_exp64 {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `exact_exp64` is only set after AVX2 and FMA were detected, and the kernel
+        // SAFETY: `exact_exp64` is only set after AVX2, FMA, BMI1 and POPCNT were detected, and the kernel
         // runs on 8 lanes only where `avx512` reports AVX-512F.
         unsafe {
             return exp64::exp_in_place(xs, c.avx512);
@@ -756,7 +767,7 @@ pub fn exp_sum_sequential_patched(start: f32, row: &[f32], sub: f32, block_max: 
     let c = caps();
     if c.exact_exp {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `exact_exp` is only set after AVX2 and FMA were detected at runtime,
+        // SAFETY: `exact_exp` is only set after AVX2, FMA, BMI1 and POPCNT were detected at runtime,
         // `avx512` only beside them when AVX-512F and POPCNT were too.
         unsafe {
             if c.avx512 {
@@ -813,7 +824,7 @@ pub fn exp_sum_unordered(start: f32, row: &[f32], sub: f32, block_max: &[f32], p
 
 /// [`exp_sum_unordered`] over values instead of a row: `start` plus `expf(x - sub)` for every
 /// `x` of `xs` (a multiple of 8 of them; `-inf` pads), when no order of those additions can
-/// change the f32 sum; `None` otherwise, or without the AVX-512 kernels (as
+/// change the f32 sum; `None` otherwise, or without the AVX2 or AVX-512 kernels (as
 /// [`Collector`], which gathers such values). Values below
 /// `skip_threshold(sub, log_half_ulp(start))` add nothing and may be there or not.
 pub(crate) fn exp_sum_unordered_values(start: f32, xs: &[f32], sub: f32) -> Option<f32> {
@@ -823,6 +834,11 @@ pub(crate) fn exp_sum_unordered_values(start: f32, xs: &[f32], sub: f32) -> Opti
         // SAFETY: as in `exp_sum_sequential_patched`.
         return unsafe { avx512::exp_sum_unordered_values(start, xs, sub) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if c.exact_exp && c.isa == Isa::Avx2 {
+        // SAFETY: as in `exp_sum_sequential_patched`.
+        return unsafe { avx2::exp_sum_unordered_values(start, xs, sub) };
+    }
     let _ = (c, start, xs, sub);
     None
 }
@@ -830,12 +846,19 @@ pub(crate) fn exp_sum_unordered_values(start: f32, xs: &[f32], sub: f32) -> Opti
 /// Appends to `out` the positions `i` (ascending) of the `values` at or above `threshold`;
 /// for few of them among many.
 pub(crate) fn positions_ge(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
+    let c = caps();
     #[cfg(target_arch = "x86_64")]
-    if caps().avx512 {
-        // SAFETY: `avx512` is only set beside AVX2 and FMA, when AVX-512F and POPCNT were
-        // detected.
-        return unsafe { avx512::positions_ge(values, threshold, out) };
+    // SAFETY: `avx512` is only set beside `Isa::Avx2`, when AVX-512F was detected; `Isa::Avx2`
+    // only when AVX2, FMA, BMI1 and POPCNT were.
+    unsafe {
+        if c.avx512 {
+            return avx512::positions_ge(values, threshold, out);
+        }
+        if c.isa == Isa::Avx2 {
+            return avx2::positions_ge(values, threshold, out);
+        }
     }
+    let _ = c;
     out.extend(values.iter().enumerate().filter(|(_, &x)| x >= threshold).map(|(i, _)| i as u32));
 }
 
@@ -844,8 +867,8 @@ pub(crate) fn positions_ge(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
 /// depend on the order of its terms ([`exp_sum_unordered_values`]) needs, each chunk summed
 /// before the next is read, so that a sum that cannot be had that way stops early (on a nearly
 /// flat row, gathering the whole row first cost 27 → 32 µs of raw logprobs at V = 32,000). Its buffers
-/// are kept for the next row (no allocation once they have grown). Needs the AVX-512 kernels
-/// (without them [`exp_sum_unordered`] scans the row itself).
+/// are kept for the next row (no allocation once they have grown). Needs the AVX2 or AVX-512
+/// kernels (without them [`exp_sum_unordered`] scans the row itself).
 ///
 /// PERF: queueing these entries during the block-maxima pass instead (one read of the row, the
 /// threshold from the maximum so far) cost more than this second read on the bench's row at
@@ -866,34 +889,41 @@ pub(crate) struct Collector {
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl Collector {
-    /// Whether [`Collector::start`] can list blocks here (the AVX-512 kernels).
+    /// Whether [`Collector::start`] can list blocks here (the AVX2 and AVX-512 kernels, with
+    /// the `expf` replica that [`exp_sum_unordered_values`] needs).
     pub(crate) fn available() -> bool {
         let c = caps();
-        cfg!(target_arch = "x86_64") && c.exact_exp && c.avx512
+        cfg!(target_arch = "x86_64") && c.exact_exp && c.isa == Isa::Avx2
     }
 
     /// Values queued before a chunk is handed out (the last may hold fewer).
     pub(crate) const CHUNK: usize = 1024;
 
     /// Lists the blocks whose maximum (`block_max`, [`BLOCK`] entries each) reaches
-    /// `threshold`; `false` without the AVX-512 kernels. For NaN-free input.
+    /// `threshold`; `false` where it is not [`available`](Self::available). For NaN-free
+    /// input.
     pub(crate) fn start(&mut self, block_max: &[f32], threshold: f32) -> bool {
-        let c = caps();
         #[cfg(target_arch = "x86_64")]
-        if c.exact_exp && c.avx512 {
+        if Self::available() {
             if self.blocks.len() < block_max.len() + 16 {
                 self.blocks.resize(block_max.len() + 16, 0);
             }
             if self.values.len() < Self::CHUNK + 2 * BLOCK {
                 self.values.resize(Self::CHUNK + 2 * BLOCK, f32::NEG_INFINITY);
             }
-            // SAFETY: `avx512` is only set beside AVX2 and FMA, when AVX-512F and POPCNT were
-            // detected.
-            self.listed = unsafe { avx512::list_blocks_ge(block_max, threshold, &mut self.blocks) };
+            // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were
+            // detected, `avx512` only beside it when AVX-512F was.
+            self.listed = unsafe {
+                if caps().avx512 {
+                    avx512::list_blocks_ge(block_max, threshold, &mut self.blocks)
+                } else {
+                    avx2::list_blocks_ge(block_max, threshold, &mut self.blocks)
+                }
+            };
             self.read = 0;
             return true;
         }
-        let _ = (c, block_max, threshold);
+        let _ = (block_max, threshold);
         false
     }
 
@@ -908,8 +938,14 @@ impl Collector {
             let blocks = &self.blocks[self.read..self.listed];
             // The list ascends: its last block is the one that must lie in `row`.
             assert!(blocks.last().is_some_and(|&b| (b as usize) * BLOCK < row.len()), "Collector::next: another row");
-            // SAFETY: `start` listed blocks only with the AVX-512 kernels available.
-            let (read, n) = unsafe { avx512::collect_listed(row, blocks, threshold, &mut self.values, Self::CHUNK) };
+            // SAFETY: `start` listed blocks only where the kernels are available (as there).
+            let (read, n) = unsafe {
+                if caps().avx512 {
+                    avx512::collect_listed(row, blocks, threshold, &mut self.values, Self::CHUNK)
+                } else {
+                    avx2::collect_listed(row, blocks, threshold, &mut self.values, Self::CHUNK)
+                }
+            };
             self.read += read;
             let padded = n.div_ceil(16) * 16;
             self.values[n..padded].fill(f32::NEG_INFINITY);
@@ -1042,7 +1078,7 @@ pub fn exp_block_sums(src: &[f32], div: f32, sub: f32, out: &mut [f64]) {
     let c = caps();
     if c.exact_exp {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `exact_exp` is only set after AVX2 and FMA were detected at runtime,
+        // SAFETY: `exact_exp` is only set after AVX2, FMA, BMI1 and POPCNT were detected at runtime,
         // `avx512` only beside them when AVX-512F was too.
         unsafe {
             if c.avx512 {
@@ -1073,7 +1109,7 @@ pub fn exp_block_sums_approx(src: &[f32], div: f32, sub: f32, out: &mut [f64]) -
     assert_eq!(out.len(), src.len().div_ceil(BLOCK), "exp_block_sums_approx: wrong output length");
     if approx_kernel_applies(div, sub) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime,
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime,
         // `avx512` only beside it when AVX-512F was too.
         unsafe {
             if caps().avx512 {
@@ -1098,7 +1134,7 @@ pub fn exp_block_sums_approx_at(src: &[f32], div: f32, sub: f32, blocks: &[u32],
     assert!(blocks.iter().all(|&b| (b as usize) < out.len()), "exp_block_sums_approx_at: block out of range");
     if approx_kernel_applies(div, sub) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime,
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime,
         // `avx512` only beside it when AVX-512F was too.
         unsafe {
             if caps().avx512 {
@@ -1145,7 +1181,7 @@ pub fn cheap_block_sums_at(src: &[f32], div: f32, sub: f32, blocks: &[u32], out:
     let (a, b) = cheap_coefficients(div, sub)?;
     #[cfg(target_arch = "x86_64")]
     if caps().isa == Isa::Avx2 {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2 and FMA were detected at runtime,
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime,
         // `avx512` only beside it when AVX-512F was too.
         unsafe {
             if caps().avx512 {
@@ -1569,7 +1605,7 @@ mod tests {
         kernels.push(("neon", |r, bm| unsafe { neon::summarize(r, bm) }));
         #[cfg(target_arch = "x86_64")]
         if avx2_available() {
-            // SAFETY: AVX2 and FMA were detected just above.
+            // SAFETY: AVX2, FMA, BMI1 and POPCNT were detected just above.
             kernels.push(("avx2", |r, bm| unsafe { avx2::summarize(r, bm) }));
             if avx512vl_available() {
                 // SAFETY: AVX-512F and AVX-512VL were detected too.
@@ -1590,7 +1626,7 @@ mod tests {
         kernels.push(("neon", |r| unsafe { neon::locate_max(r) }));
         #[cfg(target_arch = "x86_64")]
         if avx2_available() {
-            // SAFETY: AVX2 and FMA were detected just above.
+            // SAFETY: AVX2, FMA, BMI1 and POPCNT were detected just above.
             kernels.push(("avx2", |r| unsafe { avx2::locate_max(r) }));
             if avx512vl_available() {
                 // SAFETY: AVX-512F and AVX-512VL were detected too.
@@ -1656,7 +1692,7 @@ mod tests {
         ];
         #[cfg(target_arch = "x86_64")]
         if avx2_available() {
-            // SAFETY (every closure): AVX2 and FMA were detected just above.
+            // SAFETY (every closure): AVX2, FMA, BMI1 and POPCNT were detected just above.
             kernels.push(RowKernels {
                 name: "avx2",
                 max: |r| unsafe { avx2::max(r) },
@@ -1695,14 +1731,14 @@ mod tests {
 
     fn avx2_available() -> bool {
         #[cfg(target_arch = "x86_64")]
-        return std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+        return super::avx2_detected();
         #[allow(unreachable_code)]
         false
     }
 
     fn avx512_available() -> bool {
         #[cfg(target_arch = "x86_64")]
-        return avx2_available() && std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("popcnt");
+        return avx2_available() && std::is_x86_feature_detected!("avx512f");
         #[allow(unreachable_code)]
         false
     }
@@ -1799,7 +1835,7 @@ mod tests {
             }
             if avx512vl_available() {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX-512F, AVX-512VL, AVX2 and FMA were detected just above.
+                // SAFETY: AVX-512F, AVX-512VL, AVX2, FMA, BMI1 and POPCNT were detected just above.
                 unsafe {
                     let mut bm4 = Vec::new();
                     let s4 = avx512::summarize(&r, &mut bm4);
@@ -1865,7 +1901,7 @@ mod tests {
                 prop_assert_eq!(bits(&row2), bits(&want_row));
                 prop_assert_eq!(bits(&bm2), bits(&want_bm));
                 prop_assert_eq!((s2.max.to_bits(), s2.max_block), (want.max.to_bits(), want.max_block));
-                // SAFETY: as above (AVX2 and FMA).
+                // SAFETY: as above (AVX2, FMA, BMI1 and POPCNT).
                 let s3 = unsafe { avx2::widen_summarize_bf16(&b, Some(&mut row2), &mut bm2) };
                 widen_bf16(&b, &mut want_row);
                 let want = summarize(&want_row, &mut want_bm);
@@ -2026,10 +2062,10 @@ mod tests {
             #[cfg(target_arch = "x86_64")]
             if vectorised_exp() {
                 // Both SIMD kernels give the same verdict (the dispatch runs one of them).
-                // SAFETY: `vectorised_exp` implies AVX2 and FMA were detected.
+                // SAFETY: `vectorised_exp` implies AVX2, FMA, BMI1 and POPCNT were detected.
                 prop_assert_eq!(unsafe { avx2::exp_sum_unordered(start, &r, sub, &bm, &[]) }.map(f32::to_bits), got.map(f32::to_bits));
                 if avx512_available() {
-                    // SAFETY: AVX-512F, POPCNT, AVX2 and FMA were detected just above.
+                    // SAFETY: AVX-512F, POPCNT, AVX2, FMA, BMI1 and POPCNT were detected just above.
                     let wide = unsafe { avx512::exp_sum_unordered(start, &r, sub, &bm, &[]) };
                     prop_assert_eq!(wide.map(f32::to_bits), got.map(f32::to_bits));
                 }
@@ -2080,7 +2116,7 @@ mod tests {
                 chunks
             };
             if !collector.start(&bm, max) {
-                return Ok(()); // no AVX-512 here: the row is scanned by `exp_sum_unordered`
+                return Ok(()); // no SIMD kernels here: the row is scanned by `exp_sum_unordered`
             }
             let chunks = gather(&mut collector, max - below);
             for (i, chunk) in chunks.iter().enumerate() {
@@ -2152,11 +2188,11 @@ mod tests {
             #[cfg(target_arch = "x86_64")]
             if vectorised_exp() {
                 // Both SIMD kernels, whichever the dispatch picked, with this `div` and `sub`.
-                // SAFETY: `vectorised_exp` implies AVX2 and FMA were detected.
+                // SAFETY: `vectorised_exp` implies AVX2, FMA, BMI1 and POPCNT were detected.
                 unsafe { avx2::exp_shifted(&r, div, sub, &mut got) };
                 prop_assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
                 if avx512_available() {
-                    // SAFETY: AVX-512F, AVX2 and FMA were detected just above.
+                    // SAFETY: AVX-512F, AVX2, FMA, BMI1 and POPCNT were detected just above.
                     unsafe { avx512::exp_shifted(&r, div, sub, &mut got) };
                     prop_assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
                 }
@@ -2302,10 +2338,10 @@ mod tests {
         let mut kernels: Vec<(&'static str, ExpfKernel)> = vec![("dispatched", |x, o| exp_shifted(x, 1.0, 0.0, o))];
         #[cfg(target_arch = "x86_64")]
         if vectorised_exp() {
-            // SAFETY: `vectorised_exp` implies AVX2 and FMA were detected.
+            // SAFETY: `vectorised_exp` implies AVX2, FMA, BMI1 and POPCNT were detected.
             kernels.push(("avx2", |x, o| unsafe { avx2::exp_shifted(x, 1.0, 0.0, o) }));
             if avx512_available() {
-                // SAFETY: AVX-512F, AVX2 and FMA were detected just above.
+                // SAFETY: AVX-512F, AVX2, FMA, BMI1 and POPCNT were detected just above.
                 kernels.push(("avx512", |x, o| unsafe { avx512::exp_shifted(x, 1.0, 0.0, o) }));
             }
         }
@@ -2321,10 +2357,10 @@ mod tests {
         let mut kernels: Vec<(&'static str, SequentialKernel)> = vec![("dispatched", exp_sum_sequential_patched)];
         #[cfg(target_arch = "x86_64")]
         if vectorised_exp() {
-            // SAFETY: `vectorised_exp` implies AVX2 and FMA were detected.
+            // SAFETY: `vectorised_exp` implies AVX2, FMA, BMI1 and POPCNT were detected.
             kernels.push(("avx2", |st, r, sub, bm, p| unsafe { avx2::exp_sum_sequential(st, r, sub, bm, p) }));
             if avx512_available() {
-                // SAFETY: AVX-512F, POPCNT, AVX2 and FMA were detected just above.
+                // SAFETY: AVX-512F, POPCNT, AVX2, FMA, BMI1 and POPCNT were detected just above.
                 kernels.push(("avx512", |st, r, sub, bm, p| unsafe { avx512::exp_sum_sequential(st, r, sub, bm, p) }));
             }
         }
@@ -2442,7 +2478,7 @@ mod tests {
                     };
                     (d as f32 + sub).min(sub)
                 });
-                // SAFETY: `vectorised_exp` implies AVX2 and FMA were detected.
+                // SAFETY: `vectorised_exp` implies AVX2, FMA, BMI1 and POPCNT were detected.
                 let lanes = unsafe { avx2::increments_by_lane(&xs, sub, scale) };
                 for (i, &(approx, sure, exact)) in lanes.iter().enumerate() {
                     if sure {
@@ -2455,7 +2491,7 @@ mod tests {
                 }
                 let row: Vec<f32> = xs.iter().chain(&xs).chain(&xs).copied().collect();
                 let mut w = [0.0f32; BLOCK];
-                // SAFETY: as above; AVX-512F, POPCNT, AVX2 and FMA where `avx512_available`.
+                // SAFETY: as above; AVX-512F, POPCNT, AVX2, FMA, BMI1 and POPCNT where `avx512_available`.
                 unsafe {
                     let exact = avx2::increments::<false>(&row, sub, scale, &mut w);
                     assert_eq!(avx2::increments_approx(&row, sub, scale), exact);
@@ -2491,10 +2527,10 @@ mod tests {
         let mut kernels: Vec<(&'static str, BlockSumKernel)> = vec![("dispatched", exp_block_sums)];
         #[cfg(target_arch = "x86_64")]
         if vectorised_exp() {
-            // SAFETY: `vectorised_exp` implies AVX2 and FMA were detected.
+            // SAFETY: `vectorised_exp` implies AVX2, FMA, BMI1 and POPCNT were detected.
             kernels.push(("avx2", |x, d, s, o| unsafe { avx2::exp_block_sums(x, d, s, o) }));
             if avx512_available() {
-                // SAFETY: AVX-512F, AVX2 and FMA were detected just above.
+                // SAFETY: AVX-512F, AVX2, FMA, BMI1 and POPCNT were detected just above.
                 kernels.push(("avx512", |x, d, s, o| unsafe { avx512::exp_block_sums(x, d, s, o) }));
             }
         }
@@ -2510,11 +2546,11 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             if avx2_available() {
-                // SAFETY: AVX2 and FMA were detected just above.
+                // SAFETY: AVX2, FMA, BMI1 and POPCNT were detected just above.
                 kernels.push(("avx2", |x, d, s, o| unsafe { avx2::exp_block_sums_approx(x, d, s, o) }));
             }
             if avx512_available() {
-                // SAFETY: AVX-512F, AVX2 and FMA were detected just above.
+                // SAFETY: AVX-512F, AVX2, FMA, BMI1 and POPCNT were detected just above.
                 kernels.push(("avx512", |x, d, s, o| unsafe { avx512::exp_block_sums_approx(x, d, s, o) }));
             }
         }
@@ -2586,7 +2622,7 @@ mod tests {
         let mut kernels: Vec<(&'static str, ApproxAtKernel)> = Vec::new();
         #[cfg(target_arch = "x86_64")]
         if avx2_available() {
-            // SAFETY: AVX2 and FMA were detected just above.
+            // SAFETY: AVX2, FMA, BMI1 and POPCNT were detected just above.
             kernels.push(("avx2", |x, d, s, ids, o| unsafe { avx2::exp_block_sums_approx_at(x, d, s, ids, o) }));
         }
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
@@ -2699,12 +2735,12 @@ mod tests {
         let mut kernels: Vec<(&'static str, CheapKernel)> = vec![("portable", portable::cheap_block_sums_at)];
         #[cfg(target_arch = "x86_64")]
         if avx2_available() {
-            // SAFETY: AVX2 and FMA were detected just above.
+            // SAFETY: AVX2, FMA, BMI1 and POPCNT were detected just above.
             kernels.push(("avx2", |x, a, b, ids, o| unsafe { avx2::cheap_block_sums_at(x, a, b, ids, o) }));
         }
         #[cfg(target_arch = "x86_64")]
         if avx512_available() {
-            // SAFETY: AVX-512F, AVX2 and FMA were detected just above.
+            // SAFETY: AVX-512F, AVX2, FMA, BMI1 and POPCNT were detected just above.
             kernels.push(("avx512", |x, a, b, ids, o| unsafe { avx512::cheap_block_sums_at(x, a, b, ids, o) }));
         }
         kernels
@@ -2784,7 +2820,7 @@ mod tests {
         if avx2_available() {
             use std::arch::x86_64::*;
             let mut out = [0.0f32; 8];
-            // SAFETY: AVX2 and FMA were detected just above; `v` and `out` hold 8 floats.
+            // SAFETY: AVX2, FMA, BMI1 and POPCNT were detected just above; `v` and `out` hold 8 floats.
             unsafe { _mm256_storeu_ps(out.as_mut_ptr(), avx2::exp2_approx(_mm256_loadu_ps(v.as_ptr())).0) };
             got.push(("avx2", out));
         }
@@ -2795,7 +2831,7 @@ mod tests {
             v16[..8].copy_from_slice(v);
             v16[8..].copy_from_slice(v);
             let mut out16 = [0.0f32; 16];
-            // SAFETY: AVX-512F, AVX2 and FMA were detected just above; the arrays hold 16
+            // SAFETY: AVX-512F, AVX2, FMA, BMI1 and POPCNT were detected just above; the arrays hold 16
             // floats.
             unsafe { _mm512_storeu_ps(out16.as_mut_ptr(), avx512::exp2_approx(_mm512_loadu_ps(v16.as_ptr())).0) };
             got.push(("avx512 low", out16[..8].try_into().unwrap()));
