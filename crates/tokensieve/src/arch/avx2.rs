@@ -765,11 +765,10 @@ pub(crate) unsafe fn list_blocks_ge(block_max: &[f32], threshold: f32, blocks: &
 /// at least `limit` values or the blocks run out; returns how many blocks were read and how
 /// many values queued.
 ///
-/// PERF: each block's 64 compares go into one mask, whose first [`SPARSE`] set bits are copied
-/// without a branch (a copy of entry 0 past the last, overwritten or padded later), the rest
-/// one by one. On the bench's row at V = 32,000, 411 of the 500 blocks pass with 2.2 entries
-/// each: a left-pack per vector of 8 (a table load and a permute for each of the 8, as
-/// [`exp_sum_unordered`]'s scan does) spent most of its work on vectors with nothing to queue.
+/// PERF: on the bench's row at V = 32,000, 411 of the 500 blocks pass with 2.2 entries each,
+/// so the work per block is what counts ([`collect_block`]). A left-pack per vector of 8 (a
+/// table load and a permute for each of the 8, as [`exp_sum_unordered`]'s scan does) spent
+/// most of its work on vectors with nothing to queue.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
@@ -794,35 +793,55 @@ pub(crate) unsafe fn collect_listed(
         n += match row.get(first..first + BLOCK) {
             Some(whole) => collect_block(whole.try_into().expect("a whole block"), t, room),
             None => {
-                let mut pad = [f32::NEG_INFINITY; BLOCK];
-                let tail = &row[first..];
-                pad[..tail.len()].copy_from_slice(tail);
-                collect_block(&pad, t, room)
+                // The row's last, short block (padding it would queue the pad where the
+                // threshold is -inf).
+                let mut k = 0;
+                for &x in &row[first..] {
+                    room[k] = x;
+                    k += usize::from(x >= threshold);
+                }
+                k
             }
         };
     }
     (blocks.len(), n)
 }
 
-/// Copies the entries `>= t` of `block`, in order, to the start of `room`; returns their count.
-/// Inlined into [`collect_listed`] (whose target features it needs): a call per block cost
-/// more than the block's compares.
+/// Copies the entries `>= t` of `block` to the start of `room`; returns their count.
+///
+/// PERF: in the usual case no lane of the block's 8 vectors holds two of them (2.2 entries a
+/// block on the bench's row at V = 32,000); then they are the lane maxima at or above `t`, one
+/// left-pack in all. Counting each lane's entries takes a subtract per vector, where a mask
+/// per vector took a movemask, a shift and an or, and the copies by its set bits a chain of
+/// dependent bit operations, loads and stores. Otherwise the copies go by a mask of the 64.
+/// Inlined into [`collect_listed`] (whose target features it needs).
 #[inline(always)]
 unsafe fn collect_block(block: &[f32; BLOCK], t: __m256, room: &mut [f32]) -> usize {
     let room: &mut [f32; BLOCK] = room.try_into().expect("room for a block");
+    // SAFETY: `block` holds 8 vectors of 8 floats.
+    let x: [__m256; 8] = std::array::from_fn(|k| _mm256_loadu_ps(block.as_ptr().add(8 * k)));
+    let mut count = _mm256_setzero_si256();
+    for &v in &x {
+        // A lane that passes compares to -1.
+        count = _mm256_sub_epi32(count, _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(v, t)));
+    }
+    let crowded = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(count, _mm256_set1_epi32(1))));
+    if crowded == 0 {
+        let lanes = _mm256_max_ps(
+            _mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3])),
+            _mm256_max_ps(_mm256_max_ps(x[4], x[5]), _mm256_max_ps(x[6], x[7])),
+        );
+        let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(lanes, t)) as usize;
+        // SAFETY: the table row holds 8 lane indices < 8; `room` holds at least 8 floats.
+        let idx = _mm256_loadu_si256(COMPRESS_LUT[hit].as_ptr() as *const __m256i);
+        _mm256_storeu_ps(room.as_mut_ptr(), _mm256_permutevar8x32_ps(lanes, idx));
+        return hit.count_ones() as usize;
+    }
     let mut hits = 0u64;
-    for (k, c) in block.chunks_exact(8).enumerate() {
-        // SAFETY: `c` holds 8 floats.
-        let m = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_loadu_ps(c.as_ptr()), t));
-        hits |= (m as u8 as u64) << (8 * k);
+    for (k, &v) in x.iter().enumerate() {
+        hits |= (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(v, t)) as u8 as u64) << (8 * k);
     }
     let mut n = 0;
-    for _ in 0..SPARSE {
-        // Once `hits` is empty, entry 0 goes where the next would, and `n` stays.
-        room[n] = block[(hits.trailing_zeros() & 63) as usize];
-        n += usize::from(hits != 0);
-        hits &= hits.wrapping_sub(1);
-    }
     while hits != 0 {
         room[n] = block[hits.trailing_zeros() as usize];
         n += 1;
@@ -830,10 +849,6 @@ unsafe fn collect_block(block: &[f32; BLOCK], t: __m256, room: &mut [f32]) -> us
     }
     n
 }
-
-/// The entries of a block [`collect_listed`] copies without a branch each: most blocks of a
-/// language-model row that reach the sums' threshold hold fewer.
-const SPARSE: usize = 4;
 
 /// See [`super::positions_ge`]: 64 values per mask, a loop over its set bits.
 ///

@@ -2086,6 +2086,52 @@ mod tests {
             prop_assert_eq!(got, want);
         }
 
+        /// AVX2's collector kernels, called directly (an AVX-512 CPU's dispatch takes its own):
+        /// the listed blocks are those whose maximum reaches the threshold, in order; the
+        /// queued values are exactly the entries at or above it (as a multiset), whether no
+        /// lane of a block holds two of them (one left-pack of the lane maxima) or some does,
+        /// in one call or in chunks of at least the limit; `positions_ge` as the filter.
+        #[test]
+        fn avx2_collector_kernels_agree_with_the_naive_filter(
+            r in prop_oneof![row(), dense_row()],
+            pick in 0.0f64..1.0,
+            limit in prop_oneof![Just(1usize), 1..200usize, Just(100_000usize)],
+        ) {
+            if !avx2_available() {
+                return Ok(());
+            }
+            let bm = want_bm(&r);
+            // A threshold that some entries equal, from anywhere in the row.
+            let t = r[((r.len() - 1) as f64 * pick) as usize];
+            prop_assume!(!t.is_nan());
+            let mut blocks = vec![0u32; bm.len() + 16];
+            // SAFETY: `avx2_available` said AVX2, FMA, BMI1 and POPCNT were detected.
+            let listed = unsafe { avx2::list_blocks_ge(&bm, t, &mut blocks) };
+            let want_blocks: Vec<u32> = (0..bm.len() as u32).filter(|&b| bm[b as usize] >= t).collect();
+            prop_assert_eq!(&blocks[..listed], &want_blocks[..]);
+            let mut queue = vec![f32::NAN; limit.min(r.len()) + 2 * BLOCK];
+            let mut got = Vec::new();
+            let mut rest = &want_blocks[..];
+            while !rest.is_empty() {
+                let lim = limit.min(r.len());
+                // SAFETY: as above; the queue has room for `lim` values and a block.
+                let (read, n) = unsafe { avx2::collect_listed(&r, rest, t, &mut queue, lim) };
+                prop_assert!(read > 0 && (n >= lim || read == rest.len()));
+                got.extend_from_slice(&queue[..n]);
+                rest = &rest[read..];
+            }
+            let mut want: Vec<f32> = r.iter().copied().filter(|&x| x >= t).collect();
+            got.sort_by(f32::total_cmp);
+            want.sort_by(f32::total_cmp);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&got), bits(&want));
+            let mut positions = Vec::new();
+            // SAFETY: as above.
+            unsafe { avx2::positions_ge(&r, t, &mut positions) };
+            let want: Vec<u32> = (0..r.len() as u32).filter(|&i| r[i as usize] >= t).collect();
+            prop_assert_eq!(positions, want);
+        }
+
         /// A `Collector` gathers exactly the entries at or above the threshold (as a multiset),
         /// whichever lanes and blocks they share, in chunks of at least `CHUNK` but the last;
         /// the unordered sum over its chunks, one after the other, is `exp_sum_unordered`'s
