@@ -788,6 +788,16 @@ pub(crate) unsafe fn collect_listed(
             return (read, n);
         }
         let first = b as usize * BLOCK;
+        // The block six places down the list, fetched ahead: at V >= 128k the listed blocks
+        // are a third of the row, spread out, so the hardware's stream prefetch misses them.
+        // PERF (interleaved, 8 runs each, Zen 3): raw logprobs at 128k 2.53-2.62 -> 2.32-2.55x
+        // the floor, at 151,936 1.78-1.99 -> 1.67-1.93x; at 32k (most blocks listed) no change.
+        if let Some(&ahead) = blocks.get(read + 6) {
+            let p = row.as_ptr().wrapping_add(ahead as usize * BLOCK) as *const i8;
+            for line in 0..4 {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line));
+            }
+        }
         // `n < limit`: the queue has room for a block of values from `n`.
         let room = &mut queue[n..n + BLOCK];
         n += match row.get(first..first + BLOCK) {
