@@ -754,18 +754,10 @@ pub(crate) unsafe fn list_blocks_ge(block_max: &[f32], threshold: f32, blocks: &
         listed += passing.count_ones() as usize;
         index = _mm256_add_epi32(index, step);
     }
-    let first = block_max.len() - rest.len();
-    for (j, &bm) in rest.iter().enumerate() {
-        blocks[listed] = (first + j) as u32;
-        listed += usize::from(bm >= threshold);
-    }
-    listed
+    super::list_rest(block_max, rest.len(), threshold, blocks, listed)
 }
 
-/// See [`super::Collector::next`] (the AVX-512 kernel's contract): queues the entries of `row`
-/// at or above `threshold` from the listed `blocks`, from the start of `queue` until it holds
-/// at least `limit` values or the blocks run out; returns how many blocks were read and how
-/// many values queued.
+/// See [`super::Collector::next`]: the contract of AVX-512's `collect_listed`, 8 lanes wide.
 ///
 /// PERF: on the bench's row at V = 32,000, 411 of the 500 blocks pass with 2.2 entries each,
 /// so the work per block is what counts ([`collect_block`]). A left-pack per vector of 8 (a

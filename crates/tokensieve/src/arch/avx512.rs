@@ -328,12 +328,7 @@ pub(crate) unsafe fn list_blocks_ge(block_max: &[f32], threshold: f32, blocks: &
         listed += passing.count_ones() as usize;
         index = _mm512_add_epi32(index, step);
     }
-    let first = block_max.len() - rest.len();
-    for (j, &bm) in rest.iter().enumerate() {
-        blocks[listed] = (first + j) as u32;
-        listed += usize::from(bm >= threshold);
-    }
-    listed
+    super::list_rest(block_max, rest.len(), threshold, blocks, listed)
 }
 
 /// See [`super::Collector::next`]: queues the entries of `row` at or above `threshold` from the

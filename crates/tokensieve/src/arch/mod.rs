@@ -957,6 +957,18 @@ impl Collector {
     }
 }
 
+/// The list kernels' scalar end: appends to `blocks[listed..]` the last `rest` blocks of
+/// `block_max` whose maximum reaches `threshold`; returns the new count.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn list_rest(block_max: &[f32], rest: usize, threshold: f32, blocks: &mut [u32], mut listed: usize) -> usize {
+    let first = block_max.len() - rest;
+    for (j, &bm) in block_max[first..].iter().enumerate() {
+        blocks[listed] = (first + j) as u32;
+        listed += usize::from(bm >= threshold);
+    }
+    listed
+}
+
 /// The preconditions of the sequential sums' arguments (`name`'s panics say which).
 fn check_sum_args(name: &str, row: &[f32], block_max: &[f32], patches: &[(u32, f32)]) {
     assert_eq!(block_max.len(), row.len().div_ceil(BLOCK), "{name}: wrong block count");
