@@ -2094,6 +2094,7 @@ mod tests {
         /// lane of a block holds two of them (one left-pack of the lane maxima) or some does,
         /// in one call or in chunks of at least the limit; `positions_ge` as the filter.
         #[test]
+        #[cfg(target_arch = "x86_64")]
         fn avx2_collector_kernels_agree_with_the_naive_filter(
             r in prop_oneof![row(), dense_row()],
             pick in 0.0f64..1.0,
