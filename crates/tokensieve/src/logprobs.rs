@@ -18,8 +18,8 @@
 //! heap (there the value it pushed out). With `n = 0` there is no sort and the row is summed in
 //! id order. The sum is formed without building the array: when it cannot depend on the order
 //! of its terms, over the row less its top `n` (the entries that can change it gathered from
-//! the blocks that hold them, or [`arch::exp_sum_unordered`] without AVX-512), else over the
-//! row patched where the heap select swapped ([`arch::exp_sum_sequential_patched`]); either
+//! the blocks that hold them, by the AVX2 or AVX-512 kernels), else over the row patched
+//! where the heap select swapped ([`arch::exp_sum_sequential_patched`]); either
 //! way only the entries that can change it are exponentiated. `logprob = logit - max - ln(sum)`
 //! in f64.
 //! Processed mode sums f64 exponentials.

@@ -793,9 +793,10 @@ pub fn exp_sum_sequential_patched(start: f32, row: &[f32], sub: f32, block_max: 
 /// unless the quotient is a tie (`j + 1/2`, where the sum's last bit decides). So when no
 /// weight's quotient is a tie (the AVX2/AVX-512 kernels certify it while computing the whole
 /// numbers) and their total keeps the sum in `start`'s binade, any order of the same weights
-/// from `start` gives `start` plus that total in ulps. Raw logprobs use it (with AVX-512, the
-/// same total over the entries gathered from the blocks that can hold one) to sum the row in
-/// llama-server's order (a permutation of the row) without computing that order.
+/// from `start` gives `start` plus that total in ulps. Raw logprobs use it (with the
+/// crate's collector, the same total over the entries gathered from the blocks that can hold one)
+/// to sum the row in llama-server's order (a permutation of the row) without computing that
+/// order.
 ///
 /// ```
 /// use tokensieve::arch::{exp_sum_sequential_patched, exp_sum_unordered, summarize};
