@@ -831,17 +831,17 @@ pub fn exp_sum_unordered(start: f32, row: &[f32], sub: f32, block_max: &[f32], p
 /// `skip_threshold(sub, log_half_ulp(start))` add nothing and may be there or not.
 pub(crate) fn exp_sum_unordered_values(start: f32, xs: &[f32], sub: f32) -> Option<f32> {
     let c = caps();
-    #[cfg(target_arch = "x86_64")]
-    if c.exact_exp && c.avx512 {
+    if c.exact_exp {
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `exp_sum_sequential_patched`.
-        return unsafe { avx512::exp_sum_unordered_values(start, xs, sub) };
+        unsafe {
+            if c.avx512 {
+                return avx512::exp_sum_unordered_values(start, xs, sub);
+            }
+            return avx2::exp_sum_unordered_values(start, xs, sub);
+        }
     }
-    #[cfg(target_arch = "x86_64")]
-    if c.exact_exp && c.isa == Isa::Avx2 {
-        // SAFETY: as in `exp_sum_sequential_patched`.
-        return unsafe { avx2::exp_sum_unordered_values(start, xs, sub) };
-    }
-    let _ = (c, start, xs, sub);
+    let _ = (start, xs, sub);
     None
 }
 
