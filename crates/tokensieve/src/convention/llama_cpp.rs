@@ -8,6 +8,7 @@
 use crate::candidates::{Candidates, TokenData};
 use crate::stdsort;
 
+mod bucket_draw;
 pub mod dense;
 
 /// llama.cpp's comparator: `a.logit > b.logit`.

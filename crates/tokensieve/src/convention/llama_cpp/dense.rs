@@ -46,7 +46,8 @@
 //!      Equal values change only which token holds a position, so a draw declines only
 //!      where a neighbour holds the chosen value (the array path then draws with the same
 //!      `u`). Where the cut lies beyond the first 256 entries (flat rows), llama.cpp sorts the
-//!      whole array; the draw is then made over the row's values, radix-sorted;
+//!      whole array; the draw is then made over the row's values, grouped in buckets of
+//!      value and only the buckets where the order can matter sorted (`bucket_draw`);
 //!    * `top_p(p);min_p(q)` (when sampling, no overlay, V > 1024, `dist` last and nothing
 //!      between that reads `p`): `min_p` keeps the sorted prefix up to its first entry below
 //!      `max + ln q`, whatever lies past it, so `top_p`'s cut need only be bounded below: the
@@ -183,6 +184,8 @@ pub(crate) struct Scratch {
     weights: Vec<f32>,
     /// A row's values, sorted (`draw_by_sorting`).
     sorted: Vec<f32>,
+    /// `top_p;dist`'s draw beyond the first 256 entries ([`super::bucket_draw`]).
+    buckets: super::bucket_draw::BucketScratch,
     /// How far below the maximum every block's weights lie ([`NearSums`]).
     rungs: Vec<u8>,
     /// Indices of the blocks [`NearSums::widen`] exponentiates.
@@ -2046,7 +2049,7 @@ fn top_p_dist(
         }),
         // The draw over sorted values is written for `dist` straight after `top_p`.
         Err(Short::Beyond) if temp.is_some() => None,
-        Err(Short::Beyond) => draw_by_sorting(p, min_keep, r, max, sum, u, s, c).inspect(|_| {
+        Err(Short::Beyond) => super::bucket_draw::draw(p, min_keep, r, max, sum, u, &mut s.buckets, c).inspect(|_| {
             s.path = Path::Fast("top-p;dist (sorted)");
         }),
         Err(Short::Tie) => None,
@@ -2066,8 +2069,12 @@ fn top_p_dist(
 /// values are sorted (as integer order keys, by a radix sort), the cut and the draw follow llama.cpp's
 /// arithmetic over them, and the token is the one entry holding the chosen value when no
 /// other entry holds it (`None` otherwise: the array path decides).
+///
+/// The fast path no longer sorts the row ([`super::bucket_draw`] sorts only the buckets of
+/// values where the order can matter); this whole-row version stays as its oracle.
+#[cfg(test)]
 #[allow(clippy::too_many_arguments)]
-fn draw_by_sorting(
+pub(super) fn draw_by_sorting(
     p: f32,
     min_keep: usize,
     r: &[f32],
