@@ -12,8 +12,8 @@
 //! last bit of `s` decides) and the result stays below `2^(e+1)`. (This is
 //! [`arch::exp_sum_sequential`]'s argument, for llama.cpp's other sums.)
 //!
-//! So the row is split into buckets by value (a monotone function of its order key: equal
-//! values share a bucket, and every value of a bucket is above every value of the next), and
+//! So the row is split into buckets by value (of equal width below the maximum: equal values
+//! share a bucket, and every value of a bucket is above every value of the next), and
 //! the buckets are visited in descending order. A bucket whose entries keep both running sums
 //! in their binades, hold no tie, and cannot hold the cut is added whole, in any order: the
 //! integer totals of its rounded terms go into the sums' bits. Any other bucket (the first,
@@ -27,8 +27,9 @@ use crate::candidates::{total_order_key, Candidates, TokenData};
 /// [`draw`]'s buffers, kept in the convention's scratch.
 #[derive(Debug, Default)]
 pub(crate) struct BucketScratch {
-    /// Where each bucket starts in `vals` (one more entry: the end), then a cursor per bucket.
+    /// Where each bucket starts in `vals` (one more entry: the end).
     starts: Vec<u32>,
+    /// The next free slot of each bucket while `vals` is filled.
     next: Vec<u32>,
     /// Each entry's bucket, in row order.
     ids: Vec<u32>,
@@ -74,9 +75,8 @@ pub(crate) fn draw(
     }
     // Buckets of equal width below the maximum: `fl32(fl32(max - x) · scale)`, rounded to an
     // integer, only grows as `x` falls (each rounding is monotone), and equal values land
-    // together. Down to
-    // `max - FLOOR` (or the row's least value, if higher); everything below (`-inf` too)
-    // shares the last bucket.
+    // together. They reach down to `max - FLOOR` (or the row's least value, if higher);
+    // everything below (`-inf` too) shares the last bucket.
     let want = (n / PER_BUCKET).next_power_of_two().min(MAX_BUCKETS);
     let depth = (max - arch::min(r)).min(FLOOR);
     let scale = if depth > 0.0 { want as f32 / depth } else { 0.0 };
