@@ -118,7 +118,6 @@ pub(crate) fn draw(
     // Room for the largest bucket up front: a later row's may be larger (no allocation per
     // token after the first row of a size).
     b.order.reserve(n);
-    arch::exp_shifted(&b.vals, 1.0, max, &mut b.weights);
 
     // The walk: `cum` (f32) and `run` (f64) as llama.cpp's loop leaves them after `pos`
     // entries, and where the cut falls: in bucket `kb`, whose first `kj` entries (sorted) are
@@ -133,6 +132,9 @@ pub(crate) fn draw(
         if a == e {
             continue;
         }
+        // The weights of the buckets the walk reaches only: none past the cut (the draw's
+        // bucket is at or before it).
+        arch::exp_shifted(&b.vals[a..e], 1.0, max, &mut b.weights[a..e]);
         let may_cut = pos + (e - a) >= min_keep;
         if let Some((cum2, run2)) = add_whole(cum, run, &b.weights[a..e], sum) {
             if !(may_cut && cum2 >= p) {
