@@ -784,6 +784,80 @@ fn transformers_top_p_dist_on_large_rows() {
     );
 }
 
+/// Transformers' `top_p;dist` on rows where most of the vocabulary survives (the cut among the
+/// least likely tokens: `row::bottom`): nearly flat rows (the bench's, narrower and wider
+/// ones), hot temperatures, ties (a coarse grid, bf16 rounding), `-inf` entries and a
+/// `min_tokens_to_keep` that stops the cut, at several sizes. Every token is the array path's,
+/// and its probability within the fast `dist`'s approximation of it.
+#[test]
+fn transformers_top_p_dist_from_below() {
+    let (mut steps, mut below, mut flat_steps, mut flat_below) = (0, 0, 0, 0);
+    for (i, v) in [1_000usize, 4_099, 32_000, 128_256].into_iter().enumerate() {
+        let seed = i as u64 + 3;
+        let gaussian = generate::row(RowKind::Gaussian, v, seed);
+        // The bench's flat row: N(0, 0.05²).
+        let bench_flat: Vec<f32> = gaussian.iter().map(|x| x * (0.05 / 3.0)).collect();
+        let nearly_flat: Vec<f32> = gaussian.iter().map(|x| x * 0.02).collect();
+        let uniform: Vec<f32> = {
+            let mut rng = SplitMix64::new(seed);
+            (0..v).map(|_| -3.0 * (rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32).collect()
+        };
+        let grid: Vec<f32> = uniform.iter().map(|x| (x * 20.0).round() / 20.0).collect();
+        let bf16: Vec<f32> = nearly_flat.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect();
+        let masked: Vec<f32> =
+            nearly_flat.iter().enumerate().map(|(j, &x)| if j % 5 == 2 { f32::NEG_INFINITY } else { x }).collect();
+        let rows: [(&str, &[f32], bool); 8] = [
+            ("bench flat", &bench_flat, true),
+            ("nearly flat", &nearly_flat, true),
+            ("uniform over 3 nats", &uniform, true),
+            ("grid", &grid, false),
+            ("bf16", &bf16, false),
+            ("masked", &masked, true),
+            ("gaussian", &gaussian, false),
+            ("peaked", &generate::row(RowKind::Peaked, v, seed), false),
+        ];
+        for (kind, row, flat) in rows {
+            let keep_most = format!("top_p(0.95,{});dist", v - v / 50);
+            for spec in [
+                "top_p(0.95);dist",
+                "top_p(0.9);dist",
+                "top_p(0.5);dist",
+                "temperature(0.7);top_p(0.8);dist",
+                "temperature(40.0);top_p(0.95);dist",
+                keep_most.as_str(),
+            ] {
+                let ctx = BuildContext::new(v, RngConfig::philox(seed + 100))
+                    .with_convention(tokensieve::Convention::Transformers);
+                let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+                let mut stages = chain.stages().to_vec();
+                for step in 0..6 {
+                    let want = array_path(&mut stages, row).unwrap();
+                    let got = chain.sample(row).unwrap();
+                    let at = || format!("{spec} {kind} V={v} step {step}");
+                    assert_eq!(Some(got), want.selected_token(), "{}", at());
+                    let from_below = chain.last_path() == Path::Fast("top_p;dist (from below)");
+                    if from_below {
+                        let p = chain.candidates().as_slice()[0].p;
+                        let want_p = want.as_slice()[got as usize].p;
+                        assert!(((p - want_p) / want_p).abs() < 1e-5, "{}: p {p} against {want_p}", at());
+                    }
+                    steps += 1;
+                    below += from_below as usize;
+                    if flat && !spec.starts_with("temperature(0.7)") {
+                        flat_steps += 1;
+                        flat_below += from_below as usize;
+                    }
+                    stages.iter_mut().for_each(|s| s.accept(got));
+                }
+            }
+        }
+    }
+    eprintln!(
+        "transformers top_p;dist from below: {below} of {steps} steps, {flat_below} of {flat_steps} on flat rows"
+    );
+    assert!(flat_below * 10 >= flat_steps * 7, "flat rows: only {flat_below} of {flat_steps} steps from below");
+}
+
 /// The exact softmax sum that skips provable no-op additions, and `top_p` built on it, on
 /// large rows of every realistic shape, sharpened and flattened (so that the mass is reached
 /// within the first 32, within 256, or not at all).

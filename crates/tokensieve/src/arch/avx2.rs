@@ -586,13 +586,21 @@ pub(crate) unsafe fn moments(values: &[f32]) -> (usize, f32, f64, f64) {
 #[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
 unsafe fn mask_ge(piece: &[f32], t: __m256, threshold: f32) -> u64 {
+    mask_cmp::<_CMP_GE_OQ>(piece, t, |x| x >= threshold)
+}
+
+/// Bit `i` set for every `i` where `piece[i]` compares true with `t` by the predicate `IMM`
+/// (`keep` is the same test on one value), for a `piece` of at most 64 entries.
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
+#[inline]
+unsafe fn mask_cmp<const IMM: i32>(piece: &[f32], t: __m256, keep: impl Fn(f32) -> bool) -> u64 {
     if let Ok(whole) = <&[f32; 64]>::try_from(piece) {
         // A fixed length: unrolled, with constant shifts.
         let mut bits = 0u64;
         for k in 0..8 {
             // SAFETY: `whole` holds 64 floats, so 8 from `8k` are in bounds.
             let x = _mm256_loadu_ps(whole.as_ptr().add(8 * k));
-            bits |= (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as u8 as u64) << (8 * k);
+            bits |= (_mm256_movemask_ps(_mm256_cmp_ps::<IMM>(x, t)) as u8 as u64) << (8 * k);
         }
         return bits;
     }
@@ -602,11 +610,11 @@ unsafe fn mask_ge(piece: &[f32], t: __m256, threshold: f32) -> u64 {
     for (k, c) in chunks.enumerate() {
         // SAFETY: `c` holds 8 floats.
         let x = _mm256_loadu_ps(c.as_ptr());
-        bits |= (_mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as u8 as u64) << (8 * k);
+        bits |= (_mm256_movemask_ps(_mm256_cmp_ps::<IMM>(x, t)) as u8 as u64) << (8 * k);
     }
     let whole = piece.len() - tail.len();
     for (j, &x) in tail.iter().enumerate() {
-        if x >= threshold {
+        if keep(x) {
             bits |= 1 << (whole + j);
         }
     }
@@ -863,11 +871,28 @@ unsafe fn collect_block(block: &[f32; BLOCK], t: __m256, room: &mut [f32]) -> us
 pub(crate) unsafe fn positions_ge(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
     let t = _mm256_set1_ps(threshold);
     for (g, piece) in values.chunks(64).enumerate() {
-        let mut hits = mask_ge(piece, t, threshold);
-        while hits != 0 {
-            out.push((64 * g) as u32 + hits.trailing_zeros());
-            hits &= hits - 1;
-        }
+        push_positions(64 * g, mask_ge(piece, t, threshold), out);
+    }
+}
+
+/// See [`super::positions_le`]: [`positions_ge`] with the other comparison.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
+pub(crate) unsafe fn positions_le(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
+    let t = _mm256_set1_ps(threshold);
+    for (g, piece) in values.chunks(64).enumerate() {
+        push_positions(64 * g, mask_cmp::<_CMP_LE_OQ>(piece, t, |x| x <= threshold), out);
+    }
+}
+
+/// Appends `first + i` for every set bit `i` of `hits`, ascending.
+#[inline(always)]
+pub(super) fn push_positions(first: usize, mut hits: u64, out: &mut Vec<u32>) {
+    while hits != 0 {
+        out.push(first as u32 + hits.trailing_zeros());
+        hits &= hits - 1;
     }
 }
 

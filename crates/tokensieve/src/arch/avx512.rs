@@ -388,27 +388,36 @@ pub(crate) unsafe fn collect_listed(
 /// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
 #[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub(crate) unsafe fn positions_ge(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
+    positions_cmp::<_CMP_GE_OQ>(values, threshold, out);
+}
+
+/// See [`super::positions_le`].
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
+pub(crate) unsafe fn positions_le(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
+    positions_cmp::<_CMP_LE_OQ>(values, threshold, out);
+}
+
+/// The positions of the `values` that compare true with `threshold` by the predicate `IMM`.
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
+#[inline]
+unsafe fn positions_cmp<const IMM: i32>(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
     let t = _mm512_set1_ps(threshold);
-    let mut push_hits = |first: usize, mut hits: u64| {
-        while hits != 0 {
-            out.push(first as u32 + hits.trailing_zeros());
-            hits &= hits - 1;
-        }
-    };
     let groups = values.chunks_exact(64);
     let rest = groups.remainder();
     for (g, group) in groups.enumerate() {
         // SAFETY: `group` holds 64 floats: four vectors of 16.
-        let ge = |k: usize| u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_loadu_ps(group.as_ptr().add(16 * k)), t));
-        push_hits(64 * g, ge(0) | ge(1) << 16 | ge(2) << 32 | ge(3) << 48);
+        let hit = |k: usize| u64::from(_mm512_cmp_ps_mask::<IMM>(_mm512_loadu_ps(group.as_ptr().add(16 * k)), t));
+        super::avx2::push_positions(64 * g, hit(0) | hit(1) << 16 | hit(2) << 32 | hit(3) << 48, out);
     }
-    let below = _mm512_set1_ps(f32::NEG_INFINITY);
     let first = values.len() - rest.len();
     for (k, part) in rest.chunks(16).enumerate() {
         let lanes = ((1u32 << part.len()) - 1) as u16;
-        // SAFETY: `lanes` covers only the values of `part`.
-        let x = _mm512_mask_loadu_ps(below, lanes, part.as_ptr());
-        push_hits(first + 16 * k, u64::from(_mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(lanes, x, t)));
+        // SAFETY: `lanes` covers only the values of `part` (the others are not read).
+        let x = _mm512_maskz_loadu_ps(lanes, part.as_ptr());
+        super::avx2::push_positions(first + 16 * k, u64::from(_mm512_mask_cmp_ps_mask::<IMM>(lanes, x, t)), out);
     }
 }
 

@@ -864,6 +864,24 @@ pub(crate) fn positions_ge(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
     out.extend(values.iter().enumerate().filter(|(_, &x)| x >= threshold).map(|(i, _)| i as u32));
 }
 
+/// Appends to `out` the positions `i` (ascending) of the `values` at or below `threshold`;
+/// for few of them among many.
+pub(crate) fn positions_le(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
+    let c = caps();
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as in `positions_ge`.
+    unsafe {
+        if c.avx512 {
+            return avx512::positions_le(values, threshold, out);
+        }
+        if c.isa == Isa::Avx2 {
+            return avx2::positions_le(values, threshold, out);
+        }
+    }
+    let _ = c;
+    out.extend(values.iter().enumerate().filter(|(_, &x)| x <= threshold).map(|(i, _)| i as u32));
+}
+
 /// Gathers the entries of a row at or above a threshold, a chunk at a time and in no
 /// particular order, reading only the blocks whose maximum reaches it: what a sum that cannot
 /// depend on the order of its terms ([`exp_sum_unordered_values`]) needs, each chunk summed
@@ -2087,6 +2105,35 @@ mod tests {
             let want: Vec<u32> =
                 std::iter::once(7).chain(r.iter().enumerate().filter(|(_, &x)| x >= t).map(|(i, _)| i as u32)).collect();
             prop_assert_eq!(got, want);
+        }
+
+        /// `positions_le` likewise, for the values at or below the threshold, through the
+        /// dispatch and through each x86 kernel this CPU has.
+        #[test]
+        fn positions_le_lists_every_value_at_or_below_the_threshold(
+            r in prop_oneof![row(), dense_row()],
+            t in prop_oneof![-40.0f32..40.0, Just(0.0f32), Just(f32::NEG_INFINITY), Just(f32::INFINITY)],
+        ) {
+            let want: Vec<u32> =
+                std::iter::once(7).chain(r.iter().enumerate().filter(|(_, &x)| x <= t).map(|(i, _)| i as u32)).collect();
+            let mut got = vec![7u32]; // appended to
+            positions_le(&r, t, &mut got);
+            prop_assert_eq!(&got, &want);
+            #[cfg(target_arch = "x86_64")]
+            {
+                if avx2_available() {
+                    let mut got = vec![7u32];
+                    // SAFETY: `avx2_available` said AVX2, FMA, BMI1 and POPCNT were detected.
+                    unsafe { avx2::positions_le(&r, t, &mut got) };
+                    prop_assert_eq!(&got, &want);
+                }
+                if avx512_available() {
+                    let mut got = vec![7u32];
+                    // SAFETY: `avx512_available` said AVX-512F, AVX2, FMA, BMI1 and POPCNT were.
+                    unsafe { avx512::positions_le(&r, t, &mut got) };
+                    prop_assert_eq!(&got, &want);
+                }
+            }
         }
 
         /// AVX2's collector kernels, called directly (an AVX-512 CPU's dispatch takes its own):

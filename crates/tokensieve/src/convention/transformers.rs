@@ -30,6 +30,7 @@
 use crate::candidates::{total_order_key, Candidates, TokenData};
 use crate::stdsort;
 
+pub(crate) mod bottom;
 pub(crate) mod row;
 mod tail;
 

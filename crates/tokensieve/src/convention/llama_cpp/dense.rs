@@ -186,6 +186,9 @@ pub(crate) struct Scratch {
     sorted: Vec<f32>,
     /// `top_p;dist`'s draw beyond the first 256 entries ([`super::bucket_draw`]).
     buckets: super::bucket_draw::BucketScratch,
+    /// transformers' `top_p;dist` with the cut among the least likely tokens
+    /// ([`crate::convention::transformers::bottom`]).
+    pub(crate) bottom: crate::convention::transformers::bottom::BottomScratch,
     /// How far below the maximum every block's weights lie ([`NearSums`]).
     rungs: Vec<u8>,
     /// Indices of the blocks [`NearSums::widen`] exponentiates.

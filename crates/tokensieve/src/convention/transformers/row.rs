@@ -57,7 +57,7 @@ use crate::convention::llama_cpp::dense::{
     crossing_block, f32_at_least, f32_at_most, gather_at_least, gather_lowered, gather_top, gather_top_lowered, total,
     undivided_floor, NearSums, Path, Prepared, Scratch, DRAW_FAR_MASSES,
 };
-use crate::convention::transformers::{from_sort_key, weight, weights_into};
+use crate::convention::transformers::{bottom, from_sort_key, weight, weights_into};
 use crate::error::Result;
 use crate::sampler::transformers::dist::Dist;
 use crate::sampler::transformers::repetition_penalty::RepetitionPenalty;
@@ -820,7 +820,7 @@ fn top_p(
     if !(threshold > 0.0 && threshold < 1.0) || keep >= n {
         return Ok(false);
     }
-    let mut top = TopSet { need: 64, a: None, grow_when_unsure: true };
+    let mut top = TopSet { need: 64, a: None, grow_when_unsure: true, exhausted: false, floor_weight: 1.0 };
     tightening_sums(r, t, max, &TOP_P_FAR_MASSES, s, |sum, err, s| {
         match top_p_within(sum, err, t, max, threshold, keep, r, s, c, &mut top) {
             Ok(false) => None,
@@ -839,6 +839,11 @@ struct TopSet {
     /// Whether to gather a larger set when the bounds leave open whether the cut lies below
     /// `G` (`false`: only when it surely does).
     grow_when_unsure: bool,
+    /// Set when the cut surely lies below the largest `G` worth gathering (most of the row
+    /// survives): [`bottom`](super::bottom) ranks the tokens below the cut instead.
+    exhausted: bool,
+    /// The weight of the value just below `G` (every token outside `G` weighs at most this).
+    floor_weight: f64,
 }
 
 /// [`top_p`] given the softmax sum `S` within `sum ± err`: `Ok(false)` where the bounds (or
@@ -910,6 +915,7 @@ fn top_p_cuts(
                 s.gathered.iter_mut().for_each(|tok| tok.logit /= t);
                 let floor = s.gathered.iter().fold(f32::INFINITY, |m, tok| m.min(tok.logit));
                 s.gathered.retain(|tok| tok.logit > floor);
+                top.floor_weight = weight(floor, max);
                 sort_ascending_by_logit_then_id(&mut s.gathered, &mut s.gathered_ranks);
                 // The weights, kept for the walk below.
                 weights_into(s.gathered.iter().map(|tok| tok.logit), max, &mut s.top_weights);
@@ -928,7 +934,13 @@ fn top_p_cuts(
         // The cut may lie at or below G: a larger top set, if there is one to gather (else
         // G stays for the next try). Where only the bounds' width leaves that open, a draw's
         // coarse try gives up instead: its next try narrows them.
-        if top.need * 8 > blocks || (!top.grow_when_unsure && (c0_lo as f32) <= threshold) {
+        // Every larger G adds fewer than `blocks / 2` tokens, none heavier than G's floor: where
+        // even that leaves the cut below, no G will hold it (a nearly flat row: the first G
+        // tells).
+        let a_most = a + (blocks / 2) as f64 * top.floor_weight;
+        let beyond = ((1.0 - a_most / s_lo) * (1.0 - d) - slack - n as f64 * 2f64.powi(-150)) as f32 > threshold;
+        if beyond || top.need * 8 > blocks || (!top.grow_when_unsure && (c0_lo as f32) <= threshold) {
+            top.exhausted |= beyond || (top.need * 8 > blocks && (c0_lo as f32) > threshold);
             return None;
         }
         top.need *= 4;
@@ -1006,7 +1018,17 @@ fn top_p_dist(
     }
     let Some(Stage::HfDist(d)) = stages.get_mut(at) else { return Ok(None) };
     let u = d.draw();
-    if let Some((at_g, p)) = certain_top_p_draw(t, max, threshold, keep, r, u, s) {
+    // A nearly flat row (most blocks reach within half a nat of the maximum): the cut lies
+    // among the least likely tokens, below any top set worth gathering; rank those first.
+    let blocks = s.block_max.len();
+    let flat = arch::count_ge(&s.block_max, (max - 0.5) * t) * 2 > blocks;
+    if flat {
+        if let Some(id) = draw_from_below(t, max, threshold, keep, r, u, s, c) {
+            return Ok(Some(Prepared::Selected(id)));
+        }
+    }
+    let (drawn, below) = certain_top_p_draw(t, max, threshold, keep, r, u, s);
+    if let Some((at_g, p)) = drawn {
         let tok = s.gathered[at_g];
         c.begin(n);
         c.data.push(TokenData { p, ..tok });
@@ -1014,8 +1036,13 @@ fn top_p_dist(
         s.path = Path::Fast("top_p;dist");
         return Ok(Some(Prepared::Selected(tok.id)));
     }
+    if below && !flat {
+        if let Some(id) = draw_from_below(t, max, threshold, keep, r, u, s, c) {
+            return Ok(Some(Prepared::Selected(id)));
+        }
+    }
     // The cut itself, then `dist` with the draw already made.
-    if top_p(&stages[first..end], threshold, keep, r, s, c)? {
+    if !below && top_p(&stages[first..end], threshold, keep, r, s, c)? {
         s.path = Path::Fast("top_p");
     } else {
         c.fill_validated(r);
@@ -1027,8 +1054,32 @@ fn top_p_dist(
     Ok(Some(Prepared::Built { applied: at + 1 }))
 }
 
+/// [`bottom::top_p_dist`]: the token selected in `c` when certain.
+#[allow(clippy::too_many_arguments)]
+fn draw_from_below(
+    t: f32,
+    max: f32,
+    threshold: f32,
+    keep: usize,
+    r: &[f32],
+    u: f64,
+    s: &mut Scratch,
+    c: &mut Candidates,
+) -> Option<u32> {
+    let mut b = std::mem::take(&mut s.bottom);
+    let drawn = bottom::top_p_dist(t, max, threshold, keep, r, u, s, &mut b);
+    s.bottom = b;
+    let (id, p) = drawn?;
+    c.begin(r.len());
+    c.data.push(TokenData { id, logit: r[id as usize] / t, p });
+    c.selected = Some(0);
+    s.path = Path::Fast("top_p;dist (from below)");
+    Some(id)
+}
+
 /// [`top_p_dist`]'s tries for draw `u` (weights `exp(f64(fl32(r / t) - max))`): the chosen
-/// token's position in the top set `G` (`s.gathered`) and its probability, when certain.
+/// token's position in the top set `G` (`s.gathered`) and its probability, when certain; and
+/// whether the cut surely lies below the largest `G` worth gathering.
 fn certain_top_p_draw(
     t: f32,
     max: f32,
@@ -1037,13 +1088,17 @@ fn certain_top_p_draw(
     r: &[f32],
     u: f64,
     s: &mut Scratch,
-) -> Option<(usize, f32)> {
+) -> (Option<(usize, f32)>, bool) {
     // A smaller first top set than `top_p`'s: most draws are decided within it.
-    let mut top = TopSet { need: 32, a: None, grow_when_unsure: false };
-    tightening_sums(r, t, max, &TOP_P_DRAW_MASSES, s, |sum, err, s| {
-        let (cut, last) = top_p_cuts(sum, err, t, max, threshold, keep, r, s, &mut top)?;
-        (last - cut < MAX_CUTS).then(|| draw_over_cuts(cut, last, u, s)).flatten()
-    })
+    let mut top = TopSet { need: 32, a: None, grow_when_unsure: false, exhausted: false, floor_weight: 1.0 };
+    let drawn = tightening_sums(r, t, max, &TOP_P_DRAW_MASSES, s, |sum, err, s| {
+        match top_p_cuts(sum, err, t, max, threshold, keep, r, s, &mut top) {
+            Some((cut, last)) => (last - cut < MAX_CUTS).then(|| draw_over_cuts(cut, last, u, s)),
+            // Tighter sums cannot bring the cut into `G`: no more tries.
+            None => top.exhausted.then_some(None),
+        }
+    });
+    (drawn.flatten(), top.exhausted)
 }
 
 /// `dist`'s choice for draw `u` over the survivors `G[cut..]` (in id order, weights from
@@ -1312,7 +1367,7 @@ mod tests {
                     let mut want = array.clone();
                     Dist::select(&mut want, u);
                     draws += 1;
-                    if let Some((at, _)) = certain_top_p_draw(1.0, max, threshold, keep, row, u, &mut s) {
+                    if let (Some((at, _)), _) = certain_top_p_draw(1.0, max, threshold, keep, row, u, &mut s) {
                         assert_eq!(Some(s.gathered[at].id), want.selected_token(), "{name} top_p({p},{keep}) u = {u}");
                         certified += 1;
                     }
