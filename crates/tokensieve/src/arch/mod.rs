@@ -1296,11 +1296,40 @@ fn approx_sums_error(total: f64, weighted: f64, sub: f32, n: usize) -> f64 {
     // a relative weight error of ln 2 times that. `weighted` has `-w·y` for the rare `y > 0`
     // (a rounding above the maximum: `y <= u·5·|M|`), which the `|M|` term covers by using 6
     // instead of 3·log2 e = 4.33.
-    let per_weight = APPROX_POLY_REL_ERROR + 2.0 * u + 7.0 * u + ln2 * u * 6.0 * sub.abs() as f64;
     let arg_y = ln2 * u * 4.0 * weighted;
     // 1.001: second-order terms, and the sums being of approximate rather than exact weights.
     // Clamped arguments (below 2^-99 on both sides): an absolute 2^-99 each.
-    1.001 * (total * per_weight + arg_y) + n as f64 * (-99.0f64).exp2()
+    total * approx_rel_error(sub) + 1.001 * arg_y + n as f64 * (-99.0f64).exp2()
+}
+
+/// The part of [`approx_sums_error`] proportional to the sum, per unit of it: the polynomial,
+/// `expf`'s rounding, the lane sums and the argument's `|sub|` term (see there), with the
+/// 1.001 for second-order terms.
+fn approx_rel_error(sub: f32) -> f64 {
+    let u = 1.0 / (1u64 << 24) as f64;
+    let per_weight = APPROX_POLY_REL_ERROR + 2.0 * u + 7.0 * u + std::f64::consts::LN_2 * u * 6.0 * sub.abs() as f64;
+    1.001 * per_weight
+}
+
+/// The bound `err` that [`exp_block_sums_approx`] returned for the sums `out` (all of them,
+/// `total` their sum) at `sub`, split as `(rel, fixed)`: for every run of whole blocks whose
+/// approximate sums add up to `m`, the approximate and exact sums of the run differ by at
+/// most `rel·m + fixed`. (The kernels' bound is a sum over the weights of a part proportional
+/// to each weight and a part that is not; any run holds at most all of the latter.) `(0, 0)`
+/// where the sums were exact (`err = 0`).
+pub(crate) fn approx_error_split(err: f64, sub: f32, total: f64) -> (f64, f64) {
+    if err == 0.0 {
+        return (0.0, 0.0);
+    }
+    let rel = approx_rel_error(sub);
+    // `total` may differ from the kernel's own by the f64 roundings of the additions (far
+    // below 2^-30 of it): the rest of `err` is the fixed part, or at most it. The kernels'
+    // `weighted` also holds the rare negative `-w·y` of `y > 0` (at most `u·5·|sub|·w` each,
+    // `u = 2^-24`), which a run without them does not subtract: `ln 2·u·4·1.001` times that
+    // is under `total·u²·16·|sub|`.
+    let u = 1.0 / (1u64 << 24) as f64;
+    let fixed = err - rel * total * (1.0 - 2f64.powi(-30)) + total * u * u * 16.0 * (sub.abs() as f64 + 1.0);
+    (rel, fixed.max(0.0))
 }
 
 /// The portable kernels: plain Rust, the reference the SIMD ones are held to.

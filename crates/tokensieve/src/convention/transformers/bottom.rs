@@ -89,17 +89,21 @@ pub(crate) fn top_p_dist(
     let mut below = bottom_set(t, max, sample_bound(t, max, threshold, margin, r, b)?, r, b)?;
     let mut cut = None;
     'tiers: for exact in [false, true] {
-        let (sum, err) = if exact {
+        // The sums, and the bound on any run of their blocks against the exact weights' sum
+        // (in any order) as `rel` times the run's sum plus `fixed`.
+        let slack = (n as f64 + 8.0) * f64::EPSILON * 2.0;
+        let (sum, rel, fixed) = if exact {
             arch::exp64_block_sums(r, t, max, &mut s.block_sums);
-            let sum = total(&s.block_sums);
-            (sum, sum * (n as f64 + 8.0) * f64::EPSILON * 2.0 + n as f64 * 1.2e-38)
+            (total(&s.block_sums), slack, n as f64 * 1.2e-38)
         } else {
             s.block_sums.resize(n.div_ceil(BLOCK), 0.0);
             let approx_err = arch::exp_block_sums_approx(r, t, max, &mut s.block_sums);
             let sum = total(&s.block_sums);
+            let (rel, fixed) = arch::approx_error_split(approx_err, max, sum);
             // As the row path's tries bound them: `expf`'s rounding against `exp` on top.
-            (sum, approx_err + sum * (2f64.powi(-23) + (n as f64 + 8.0) * f64::EPSILON * 2.0) + n as f64 * 1.2e-38)
+            (sum, rel + 2f64.powi(-23) + slack, fixed + n as f64 * 1.2e-38)
         };
+        let err = rel * sum + fixed;
         // (NaN fails too.)
         if (sum - err).partial_cmp(&1.0).is_none_or(|o| o.is_lt()) {
             continue; // the maximum's weight is 1: these bounds say nothing
@@ -120,7 +124,7 @@ pub(crate) fn top_p_dist(
                 }
             },
         };
-        if let Some(drawn) = draw(at, last, t, max, (sum, err), r, u, s, b) {
+        if let Some(drawn) = draw(at, last, t, max, (sum, rel, fixed), r, u, s, b) {
             return Some(drawn);
         }
     }
@@ -264,28 +268,39 @@ fn cut_at(j: usize, b: &BottomScratch) -> Walk {
 }
 
 /// `dist`'s draw over the tokens above `last` (the cut's first `cut` positions of the bottom
-/// set removed), the block sums in `s.block_sums` within `err` of the exact weights' for any
-/// run of blocks, and their total `sum`: the token and its probability, when certain.
+/// set removed), the block sums in `s.block_sums` (total `sum`) within `rel` times a run's sum
+/// plus `fixed` of the exact weights' for any run of blocks: the token and its probability,
+/// when certain.
+///
+/// The target `u·K` (`K` the survivors' total) and the running sum before the crossing block
+/// `P` err together: with `e` the errors of the blocks before it and `e'` of the rest,
+/// `u·K - P` is off by `u·e' - (1 - u)·e`, at most `rel·(u·K' + (1 - u)·P) + fixed` (`K'` the
+/// rest's sum); so where the draw is near either end of the row, the bound on the other part
+/// barely counts.
 #[allow(clippy::too_many_arguments)]
 fn draw(
     cut: usize,
     last: f32,
     t: f32,
     max: f32,
-    (sum, err): (f64, f64),
+    (sum, rel, fixed): (f64, f64, f64),
     r: &[f32],
     u: f64,
     s: &mut Scratch,
     b: &BottomScratch,
 ) -> Option<(u32, f32)> {
-    // Less the removed weights, each subtraction within half an ulp of its block's sum.
+    // Less the removed weights, each subtraction within half an ulp of its block's sum. The
+    // bounds are in the sums with them (`removed` more, at most, in any run).
+    let mut removed = 0.0f64;
     for (&id, &w) in b.ids.iter().zip(&b.weights).take(cut) {
         s.block_sums[id as usize / BLOCK] -= w;
+        removed += w;
     }
     let kept = total(&s.block_sums);
-    let err = err + sum * (cut as f64 + 8.0) * f64::EPSILON * 2.0;
+    let fixed = fixed + sum * (cut as f64 + 8.0) * f64::EPSILON * 2.0;
     let target = kept * u;
     let (block, before) = crossing_block(&s.block_sums, target)?;
+    let margin = rel * (u * (kept - before) + (1.0 - u) * before + removed) + fixed;
     let start = block * BLOCK;
     let mut running = before;
     for (j, &z) in r[start..(start + BLOCK).min(r.len())].iter().enumerate() {
@@ -298,10 +313,76 @@ fn draw(
             let prev = running;
             running += w;
             if running > target {
-                let certain = prev + 2.0 * err < target && target + 2.0 * err < running;
+                let certain = prev + margin < target && target + margin < running;
                 return certain.then(|| ((start + j) as u32, (w / kept) as f32));
             }
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::candidates::Candidates;
+    use crate::convention::transformers::fl32;
+    use crate::sampler::transformers::{dist::Dist, top_p::TopP};
+    use crate::sampler::Sampler;
+
+    /// The array path: `TopPLogitsWarper`, then `dist` with draw `u`.
+    fn reference(row: &[f32], t: f32, p: f64, keep: usize, u: f64) -> u32 {
+        let scaled: Vec<f32> = row.iter().map(|&z| z / t).collect();
+        let mut c = Candidates::from_logits(&scaled).unwrap();
+        TopP::new(p, keep as i64).unwrap().apply(&mut c).unwrap();
+        Dist::apply_drawn(&mut c, u).unwrap();
+        c.selected_token().unwrap()
+    }
+
+    /// A dense sweep of draws (every `u` on a fine grid, so that many land within the sums'
+    /// bounds of an interval's end) on nearly flat rows, with `-inf` entries, a hot
+    /// temperature and a `min_tokens_to_keep` that stops the cut: every certain draw is the
+    /// array path's, and most draws are certain.
+    #[test]
+    fn certain_draws_are_the_array_paths() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut uniform = move || {
+            rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (rng >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let (mut draws, mut certain) = (0, 0);
+        for v in [700usize, 5_000, 40_000] {
+            let flat: Vec<f32> = (0..v).map(|_| (uniform() as f32 - 0.5) * 0.1).collect();
+            let masked: Vec<f32> =
+                flat.iter().enumerate().map(|(i, &x)| if i % 7 == 3 { f32::NEG_INFINITY } else { x }).collect();
+            let spread: Vec<f32> = (0..v).map(|_| -4.0 * uniform() as f32).collect();
+            for (row, t, p, keep) in [
+                (&flat, 1.0f32, 0.95, 1usize),
+                (&masked, 1.0, 0.9, 1),
+                (&spread, 1.0, 0.95, 1),
+                (&spread, 3.0, 0.7, 1),
+                (&flat, 1.0, 0.95, v - v / 100),
+            ] {
+                let max = row.iter().fold(f32::NEG_INFINITY, |m, &z| m.max(z)) / t;
+                let (mut s, mut b) = (Scratch::default(), BottomScratch::default());
+                for k in 0..300 {
+                    // Some at the ends of [0, 1), where one of the two parts of the error is
+                    // nearly all of it.
+                    let u = match k {
+                        0 => 0.0,
+                        1 => 1.0 - f64::EPSILON / 2.0,
+                        2..=20 => uniform() * 1e-3,
+                        21..=40 => 1.0 - uniform() * 1e-3,
+                        _ => uniform(),
+                    };
+                    draws += 1;
+                    if let Some((id, prob)) = top_p_dist(t, max, fl32(1.0 - p), keep, row, u, &mut s, &mut b) {
+                        certain += 1;
+                        assert_eq!(id, reference(row, t, p, keep, u), "V={v} t={t} p={p} keep={keep} u={u}");
+                        assert!(prob > 0.0 && prob < 1.0);
+                    }
+                }
+            }
+        }
+        assert!(certain * 10 >= draws * 7, "only {certain} of {draws} draws certain");
+    }
 }
