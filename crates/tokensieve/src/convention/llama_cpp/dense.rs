@@ -2819,10 +2819,17 @@ impl CheapInterval {
 /// The crossing of `u · Σ` over `s.block_sums` (absolute error `abs` on any run of blocks,
 /// plus relative error `rel`), resolved inside the block with exact weights; `None` unless
 /// certain.
+///
+/// `abs` must be a sum of non-negative bounds, one per block (as [`NearSums`]' tiers and the
+/// approximate kernels' are: per weight, or per block): then the distance from the target to
+/// the running sum before the crossing block, `u·Σ - P`, errs by `u·e' - (1 - u)·e` (`e`, `e'`
+/// the errors of the blocks before it and of the others), at most `max(u, 1 - u)·abs`, where
+/// the two errors bounded apart would take `2·abs`. (`rel`, the roundings of the f64 sums in
+/// different orders, counts twice.)
 fn crossing(r: &[f32], t: f32, max: f32, u: f64, abs: f64, rel: f64, s: &mut Scratch) -> Option<u32> {
     let sum = total(&s.block_sums);
     // Flushed or subnormal weights: at most 2^-126 each.
-    let err = abs + sum * rel + r.len() as f64 * 1.2e-38;
+    let margin = u.max(1.0 - u) * abs + 2.0 * (sum * rel + r.len() as f64 * 1.2e-38);
     let target = sum * u;
     let (b, before) = crossing_block(&s.block_sums, target)?;
     let start = b * BLOCK;
@@ -2835,7 +2842,7 @@ fn crossing(r: &[f32], t: f32, max: f32, u: f64, abs: f64, rel: f64, s: &mut Scr
         let prev = running;
         running += wj as f64;
         if running >= target {
-            let certain = prev + 2.0 * err < target && target + 2.0 * err <= running;
+            let certain = prev + margin < target && target + margin <= running;
             return certain.then_some((start + j) as u32);
         }
     }
@@ -3237,6 +3244,46 @@ mod tests {
             }
         }
         assert_eq!(checked, 3 * 3 * 5 * 4);
+    }
+    /// `dist`'s draw located from bounded block sums ([`locate_draw`]), for draws swept over
+    /// `[0, 1)` (and some within 10^-3 of either end, where one part of the sums' error is
+    /// nearly all of it) on nearly flat rows, where every weight is a few hundred-thousandths
+    /// of the sum and many draws land within the bounds of an interval's end: every located
+    /// token is the first whose f64 running sum of `expf` weights reaches `u` times their sum
+    /// (llama.cpp's `dist`), and the bounds decide most draws before the exact pass.
+    #[test]
+    fn located_draws_are_the_running_sums() {
+        let (mut draws, mut before_exact) = (0, 0);
+        for (v, spread, t) in [(700usize, 0.1f32, 1.0f32), (5_000, 0.1, 0.8), (40_000, 0.1, 1.0), (40_000, 4.0, 1.5)] {
+            let row: Vec<f32> =
+                generate::row(RowKind::Gaussian, v, v as u64).iter().map(|x| x * spread / 3.0).collect();
+            let mut s = Scratch::default();
+            let summary = arch::summarize(&row, &mut s.block_max);
+            s.summary = Some(summary);
+            let max = summary.max / t;
+            let weights: Vec<f64> = row.iter().map(|&z| f64::from(((z / t) - max).exp())).collect();
+            let sum: f64 = weights.iter().sum();
+            for j in 0..600 {
+                let u = match j {
+                    0..=19 => j as f64 * 5e-5,
+                    20..=39 => 1.0 - (j - 19) as f64 * 5e-5,
+                    _ => (j as f64 + 0.5) / 600.0,
+                };
+                let Some((id, exact)) = locate_draw(&row, t, max, u, &mut s) else { continue };
+                // The first running sum (row order) reaching the target; the sum's own order is
+                // llama.cpp's too, but a draw this test certifies cannot depend on it.
+                let target = sum * u;
+                let mut running = 0.0f64;
+                let want = weights.iter().position(|&w| {
+                    running += w;
+                    running >= target
+                });
+                assert_eq!(Some(id as usize), want, "V={v} spread {spread} t={t} u={u}");
+                draws += 1;
+                before_exact += !exact as usize;
+            }
+        }
+        assert!(before_exact * 10 >= draws * 6, "only {before_exact} of {draws} draws located before the exact pass");
     }
 
     /// [`certain_top_p_draw`] against the array path (llama.cpp's fill, `top_p`, then `dist`

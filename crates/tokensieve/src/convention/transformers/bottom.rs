@@ -90,20 +90,22 @@ pub(crate) fn top_p_dist(
     let mut cut = None;
     'tiers: for exact in [false, true] {
         // The sums, and the bound on any run of their blocks against the exact weights' sum
-        // (in any order) as `rel` times the run's sum plus `fixed`.
-        let slack = (n as f64 + 8.0) * f64::EPSILON * 2.0;
+        // (in any order): `rel` times the run's sum plus `fixed`, sums of non-negative bounds
+        // per weight, and `rounding`, the f64 sums' in different orders.
+        let rounding_rel = (n as f64 + 8.0) * f64::EPSILON * 2.0;
         let (sum, rel, fixed) = if exact {
             arch::exp64_block_sums(r, t, max, &mut s.block_sums);
-            (total(&s.block_sums), slack, n as f64 * 1.2e-38)
+            (total(&s.block_sums), 0.0, 0.0)
         } else {
             s.block_sums.resize(n.div_ceil(BLOCK), 0.0);
             let approx_err = arch::exp_block_sums_approx(r, t, max, &mut s.block_sums);
             let sum = total(&s.block_sums);
             let (rel, fixed) = arch::approx_error_split(approx_err, max, sum);
             // As the row path's tries bound them: `expf`'s rounding against `exp` on top.
-            (sum, rel + 2f64.powi(-23) + slack, fixed + n as f64 * 1.2e-38)
+            (sum, rel + 2f64.powi(-23), fixed)
         };
-        let err = rel * sum + fixed;
+        let rounding = sum * rounding_rel + n as f64 * 1.2e-38;
+        let err = rel * sum + fixed + rounding;
         // (NaN fails too.)
         if (sum - err).partial_cmp(&1.0).is_none_or(|o| o.is_lt()) {
             continue; // the maximum's weight is 1: these bounds say nothing
@@ -124,7 +126,7 @@ pub(crate) fn top_p_dist(
                 }
             },
         };
-        if let Some(drawn) = draw(at, last, t, max, (sum, rel, fixed), r, u, s, b) {
+        if let Some(drawn) = draw(at, last, t, max, (rel, fixed, rounding), r, u, s, b) {
             return Some(drawn);
         }
     }
@@ -268,22 +270,23 @@ fn cut_at(j: usize, b: &BottomScratch) -> Walk {
 }
 
 /// `dist`'s draw over the tokens above `last` (the cut's first `cut` positions of the bottom
-/// set removed), the block sums in `s.block_sums` (total `sum`) within `rel` times a run's sum
-/// plus `fixed` of the exact weights' for any run of blocks: the token and its probability,
-/// when certain.
+/// set removed), the block sums in `s.block_sums` within `rel` times a run's sum plus `fixed`
+/// of the exact weights' for any run of blocks, and the f64 sums' orders within `rounding`:
+/// the token and its probability, when certain.
 ///
 /// The target `u·K` (`K` the survivors' total) and the running sum before the crossing block
 /// `P` err together: with `e` the errors of the blocks before it and `e'` of the rest,
 /// `u·K - P` is off by `u·e' - (1 - u)·e`, at most `rel·(u·K' + (1 - u)·P) + fixed` (`K'` the
-/// rest's sum); so where the draw is near either end of the row, the bound on the other part
-/// barely counts.
+/// rest's sum, the bounds being sums of non-negative ones per weight); so where the draw is
+/// near either end of the row, the bound on the other part barely counts. The roundings
+/// count twice.
 #[allow(clippy::too_many_arguments)]
 fn draw(
     cut: usize,
     last: f32,
     t: f32,
     max: f32,
-    (sum, rel, fixed): (f64, f64, f64),
+    (rel, fixed, rounding): (f64, f64, f64),
     r: &[f32],
     u: f64,
     s: &mut Scratch,
@@ -297,10 +300,10 @@ fn draw(
         removed += w;
     }
     let kept = total(&s.block_sums);
-    let fixed = fixed + sum * (cut as f64 + 8.0) * f64::EPSILON * 2.0;
+    let rounding = rounding + (kept + removed) * (cut as f64 + 8.0) * f64::EPSILON * 2.0;
     let target = kept * u;
     let (block, before) = crossing_block(&s.block_sums, target)?;
-    let margin = rel * (u * (kept - before) + (1.0 - u) * before + removed) + fixed;
+    let margin = rel * (u * (kept - before) + (1.0 - u) * before + removed) + fixed + 2.0 * rounding;
     let start = block * BLOCK;
     let mut running = before;
     for (j, &z) in r[start..(start + BLOCK).min(r.len())].iter().enumerate() {

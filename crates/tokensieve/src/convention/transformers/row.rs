@@ -1165,7 +1165,13 @@ fn sort_ascending_by_logit_then_id(data: &mut [TokenData], keys: &mut Vec<u64>) 
 /// ([`arch::exp64_block_sums`]), whose only difference from the array path's sum is the order
 /// of the f64 additions.
 fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<(u32, f64, bool)> {
+    let n = r.len() as f64;
     let draw = |sum: f64, err: f64, s: &mut Scratch| {
+        // The part of `err` that is a sum of non-negative per-block bounds (the approximate
+        // sums' and `expf`'s against `exp`) counts `max(u, 1 - u)` times, the roundings of the
+        // f64 sums twice (see llama.cpp's `crossing`).
+        let rounding = sum * (n + 8.0) * f64::EPSILON * 2.0 + n * 1.2e-38;
+        let margin = u.max(1.0 - u) * (err - rounding).max(0.0) + 2.0 * rounding;
         let target = sum * u;
         let (b, before) = crossing_block(&s.block_sums, target)?;
         let start = b * BLOCK;
@@ -1176,7 +1182,7 @@ fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<(
                 let prev = running;
                 running += w;
                 if running > target {
-                    let certain = prev + 2.0 * err < target && target + 2.0 * err < running;
+                    let certain = prev + margin < target && target + margin < running;
                     return certain.then_some(((start + j) as u32, sum));
                 }
             }
@@ -1190,7 +1196,6 @@ fn locate_draw(r: &[f32], t: f32, max: f32, u: f64, s: &mut Scratch) -> Option<(
     let sum = total(&s.block_sums);
     // Any two orders of adding the same n f64s are within 2 (n - 1) 2^-53 of their sum of
     // each other; with a margin, as in `tightening_sums`.
-    let n = r.len() as f64;
     draw(sum, sum * (n + 8.0) * f64::EPSILON * 2.0 + n * 1.2e-38, s).map(|(id, sum)| (id, sum, true))
 }
 
