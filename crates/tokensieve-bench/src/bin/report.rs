@@ -351,9 +351,12 @@ tokensieve alone, on the peaked rows, for chains outside the issue's table: miro
 fn other_rows_section(md: &mut String, seconds: f64) {
     let _ = writeln!(
         md,
-        "## Other rows\n\ntokensieve alone, llama.cpp convention, on the other rows of the issue: `flat` (`bench_rows` flat: N(0, 0.05²), entropy near ln V: `top_p` keeps most of the vocabulary, so llama.cpp's full sort is required), `wide` (N(0, 30²): values far outside [-10, 10]) and `real` (SmolLM2-135M's logits after \"The capital of France is\", V = 49,152, cut or tiled with each copy 2.0 lower, as `tokensieve bench --rows real`). The floor is timed alone. One pass.\n"
+        "## Other rows\n\ntokensieve alone, under both conventions (raw logprobs are the same under both: llama.cpp's only), on the other rows of the issue: `flat` (`bench_rows` flat: N(0, 0.05²), entropy near ln V: `top_p` keeps most of the vocabulary, so llama.cpp's full sort is required, and transformers' ascending sort would be), `wide` (N(0, 30²): values far outside [-10, 10]) and `real` (SmolLM2-135M's logits after \"The capital of France is\", V = 49,152, cut or tiled with each copy 2.0 lower, as `tokensieve bench --rows real`). The floor is timed alone. One pass.\n"
     );
-    let _ = writeln!(md, "| rows | V | workload | floor µs | tokensieve µs (× floor) |\n|---|---:|---|---:|---:|");
+    let _ = writeln!(
+        md,
+        "| rows | V | convention | workload | floor µs | tokensieve µs (× floor) |\n|---|---:|---|---|---:|---:|"
+    );
     for (name, make) in [
         ("flat", (|v| bench_rows::row(bench_rows::Shape::Flat, v, 0x5eed)) as fn(usize) -> Vec<f32>),
         ("wide", |v| bench_rows::row(bench_rows::Shape::Wide, v, 0x5eed)),
@@ -362,17 +365,27 @@ fn other_rows_section(md: &mut String, seconds: f64) {
         for v in [32_000usize, 128_256] {
             let r = make(v);
             let floor = time_per_token(&r, seconds.min(0.2), || 0).floor_us;
-            for w in Workload::ALL {
-                eprintln!("other rows: {name} V={v} {}", w.name());
-                let step = Peer::Tokensieve.runner(w, &r).expect("tokensieve runs every workload");
-                let t = time_per_token(&r, seconds, step);
-                let _ = writeln!(
-                    md,
-                    "| {name} | {v} | `{}` | {floor:.1} | {:.1} ({:.1}×) |",
-                    w.spec(),
-                    t.median_us,
-                    t.median_us / floor
-                );
+            for transformers in [false, true] {
+                for w in Workload::ALL {
+                    if transformers && w == Workload::Logprobs {
+                        continue;
+                    }
+                    let (convention, spec) =
+                        if transformers { ("transformers", w.transformers_spec()) } else { ("llama.cpp", w.spec()) };
+                    eprintln!("other rows: {name} V={v} {convention} {}", w.name());
+                    let step = if transformers {
+                        tokensieve_transformers_runner(w, &r)
+                    } else {
+                        Peer::Tokensieve.runner(w, &r).expect("tokensieve runs every workload")
+                    };
+                    let t = time_per_token(&r, seconds, step);
+                    let _ = writeln!(
+                        md,
+                        "| {name} | {v} | {convention} | `{spec}` | {floor:.1} | {:.1} ({:.1}×) |",
+                        t.median_us,
+                        t.median_us / floor
+                    );
+                }
             }
         }
     }

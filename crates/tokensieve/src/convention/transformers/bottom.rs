@@ -7,11 +7,13 @@
 //! lies far below those (the nucleus is most of the vocabulary), the array path used to sort
 //! every value. Here only the tokens below the cut are ranked:
 //!
-//! 1. A sample of the row (every 8th token) in buckets of value estimates where the mass
+//! 1. A sample of the row (every 32nd token) in buckets of value estimates where the mass
 //!    `1 - p` (with a margin) ends, from below: a processed-logit bound `v*`. The bottom set
-//!    `B` is every finite token with processed logit `<= v*`: every token outside it lies
-//!    strictly above every token in it, so `B`'s values sorted are the first `|B|` finite
-//!    positions of torch's ascending order, whatever the sample missed.
+//!    `B` is every finite token with processed logit `<= v*` ([`arch::positions_le`] on the
+//!    raw row): every token outside it lies strictly above every token in it, so `B`'s values
+//!    sorted are the first `|B|` finite positions of torch's ascending order, whatever the
+//!    sample missed. Where the cut lies past `B` after all, `B` is gathered once more with
+//!    four times the margin.
 //! 2. `S`, the softmax sum, from per-block sums of the weights: first the approximate ones
 //!    ([`arch::exp_block_sums_approx`], with their error bound), then, where those leave the cut
 //!    or the draw open, the exact ones ([`arch::exp64_block_sums`]): any order of the same f64
@@ -24,9 +26,13 @@
 //!    the walk). Anything in between, or equal values straddling the cut (torch's sort order
 //!    picks which go), is left to the array path.
 //! 4. `dist` draws over the survivors in id order: the block sums less the removed tokens'
-//!    weights locate the draw, as the row path's `dist` does, certified against their bound.
+//!    weights locate the draw, as the row path's `dist` does, certified against their bound
+//!    (see [`draw`] for how the target's and the running sum's errors offset).
 //!
-//! On a flat row of 128,256 tokens, `B` holds about 6% of them.
+//! The row path takes this when most blocks reach within half a nat of the maximum, or when
+//! its top set shows the cut lies below any it would gather. On the bench's flat row of
+//! 128,256 tokens (`top_p(0.95)`), `B` holds about 7% of them, and the approximate sums
+//! decide most draws.
 
 use crate::arch::{self, BLOCK};
 use crate::candidates::{lsd_radix_sort, total_order_key};

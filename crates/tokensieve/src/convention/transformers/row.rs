@@ -39,7 +39,8 @@
 //!   ([`top_p`]).
 //! * Or **`top_p(p);dist`**: the same bounds, coarser; where they leave the cut among a few
 //!   positions, the draw is certain if `dist` picks the same token over the survivors of
-//!   each ([`top_p_dist`]).
+//!   each ([`top_p_dist`]). Where most of the row survives (a nearly flat row), only the
+//!   tokens below the cut are ranked instead ([`bottom`](super::bottom)).
 //! * Or **`epsilon(e)`** after at most one temperature: a token goes when `fl32(w / S) < e`
 //!   (and it is below the `min_tokens_to_keep`-th logit); `S >= 1`, so below `w < e` every
 //!   token goes, and the few above are decided by bounds on `S` ([`cut_below`]).
@@ -1155,10 +1156,11 @@ fn sort_ascending_by_logit_then_id(data: &mut [TokenData], keys: &mut Vec<u64>) 
 /// `u · Σ w`. The weights' arguments are llama.cpp's (`fl32(fl32(r_i / t) - max)`), so the
 /// approximate block sums of llama.cpp's `expf` weights serve, their bound widened by `expf`'s
 /// rounding against the f64 `exp`, the f64 summation and flushed weights
-/// ([`approx_weight_sums`]). The crossing block is resolved with the exact weights, and the
-/// token is returned only when the target is farther than twice the bound from both ends of
-/// its interval; with it, the sum of the weights as those sums estimate it, and whether the
-/// exact sums below were needed.
+/// ([`tightening_sums`]). The crossing block is resolved with the exact weights, and the
+/// token is returned only when the target is farther than the bound allows from both ends of
+/// its interval (the sums' part of it `max(u, 1 - u)` times, the roundings twice: see
+/// llama.cpp's `crossing`); with it, the sum of the weights as those sums estimate it, and
+/// whether the exact sums below were needed.
 ///
 /// Where those bounds stay too wide (a flat row: each weight is a few hundred thousandths of a
 /// sum of 128k of them), a last try sums the exact weights themselves
