@@ -1311,16 +1311,19 @@ fn approx_rel_error(sub: f32) -> f64 {
     1.001 * per_weight
 }
 
-/// The bound `err` that [`exp_block_sums_approx`] returned for the sums `out` (all of them,
-/// `total` their sum) at `sub`, split as `(rel, fixed)`: for every run of whole blocks whose
-/// approximate sums add up to `m`, the approximate and exact sums of the run differ by at
-/// most `rel·m + fixed`. (The kernels' bound is a sum over the weights of a part proportional
-/// to each weight and a part that is not; any run holds at most all of the latter.) `(0, 0)`
-/// where the sums were exact (`err = 0`).
-pub(crate) fn approx_error_split(err: f64, sub: f32, total: f64) -> (f64, f64) {
+/// The bound `err` that [`exp_block_sums_approx`] returned for the sums `sums` of a row of
+/// `len` entries at `sub`, split as `(rel, fixed)`: for every run of whole blocks whose sums add up
+/// to `m`, the approximate and exact sums of the run differ by at most `rel·m + fixed`. (The
+/// kernels' bound is a sum over the weights of a part proportional to each weight and a part
+/// that is not; any run holds at most all of the latter.) `(0, 0)` where the sums were exact
+/// (`err = 0`).
+pub(crate) fn approx_error_split(err: f64, sub: f32, sums: &[f64], len: usize) -> (f64, f64) {
     if err == 0.0 {
         return (0.0, 0.0);
     }
+    // The kernels sum a last, partial block exactly, outside the total their bound is of.
+    let whole = if len.is_multiple_of(BLOCK) { sums } else { &sums[..sums.len().saturating_sub(1)] };
+    let total: f64 = whole.iter().sum();
     let rel = approx_rel_error(sub);
     // `total` may differ from the kernel's own by the f64 roundings of the additions (far
     // below 2^-30 of it): the rest of `err` is the fixed part, or at most it. The kernels'
@@ -2832,6 +2835,8 @@ mod tests {
                 exp_block_sums(&x, div, sub, &mut exact);
                 for (kernel, approximate) in approx_kernels() {
                     let bound = approximate(&x, div, sub, &mut approx);
+                    let (rel, fixed) = approx_error_split(bound, sub, &approx, x.len());
+                    let (total_e, total_a): (f64, f64) = (exact.iter().sum(), approx.iter().sum());
                     let (mut pe, mut pa) = (0.0f64, 0.0f64);
                     for (b, block) in x.chunks(BLOCK).enumerate() {
                         assert_eq!(exact[b].to_bits(), portable::exp_shifted_sum(block, div, sub).to_bits());
@@ -2842,6 +2847,12 @@ mod tests {
                             (pa - pe).abs() <= bound,
                             "{kernel}: row {row} div {div} block {b}: {pa} vs {pe} (bound {bound})"
                         );
+                        // Split, on the prefix and on the rest (with or without the last,
+                        // partial block, which the kernels sum exactly): `rel` times the
+                        // run's sum, plus `fixed`.
+                        let (re, ra) = (total_e - pe, total_a - pa);
+                        let split_ok = |e: f64, a: f64| (a - e).abs() <= rel * a + fixed + 1e-12 * total_e;
+                        assert!(split_ok(pe, pa) && split_ok(re, ra), "{kernel}: row {row} div {div} block {b}: split");
                     }
                     // The bound is useful: tight enough to locate draws among realistic weights.
                     // (It grows with |sub|: llama.cpp rounds `l / t` at that magnitude.)

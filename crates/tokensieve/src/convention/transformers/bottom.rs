@@ -106,7 +106,7 @@ pub(crate) fn top_p_dist(
             s.block_sums.resize(n.div_ceil(BLOCK), 0.0);
             let approx_err = arch::exp_block_sums_approx(r, t, max, &mut s.block_sums);
             let sum = total(&s.block_sums);
-            let (rel, fixed) = arch::approx_error_split(approx_err, max, sum);
+            let (rel, fixed) = arch::approx_error_split(approx_err, max, &s.block_sums, n);
             // As the row path's tries bound them: `expf`'s rounding against `exp` on top.
             (sum, rel + 2f64.powi(-23), fixed)
         };
