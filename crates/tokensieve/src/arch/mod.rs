@@ -848,38 +848,33 @@ pub(crate) fn exp_sum_unordered_values(start: f32, xs: &[f32], sub: f32) -> Opti
 /// Appends to `out` the positions `i` (ascending) of the `values` at or above `threshold`;
 /// for few of them among many.
 pub(crate) fn positions_ge(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
-    let c = caps();
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `avx512` is only set beside `Isa::Avx2`, when AVX-512F was detected; `Isa::Avx2`
-    // only when AVX2, FMA, BMI1 and POPCNT were.
-    unsafe {
-        if c.avx512 {
-            return avx512::positions_ge(values, threshold, out);
-        }
-        if c.isa == Isa::Avx2 {
-            return avx2::positions_ge(values, threshold, out);
-        }
-    }
-    let _ = c;
-    out.extend(values.iter().enumerate().filter(|(_, &x)| x >= threshold).map(|(i, _)| i as u32));
+    positions(values, threshold, false, out);
 }
 
 /// Appends to `out` the positions `i` (ascending) of the `values` at or below `threshold`;
 /// for few of them among many.
 pub(crate) fn positions_le(values: &[f32], threshold: f32, out: &mut Vec<u32>) {
+    positions(values, threshold, true, out);
+}
+
+/// [`positions_le`] (`at_most`) or [`positions_ge`].
+fn positions(values: &[f32], threshold: f32, at_most: bool, out: &mut Vec<u32>) {
     let c = caps();
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: as in `positions_ge`.
+    // SAFETY: `avx512` is only set beside `Isa::Avx2`, when AVX-512F was detected; `Isa::Avx2`
+    // only when AVX2, FMA, BMI1 and POPCNT were.
     unsafe {
-        if c.avx512 {
-            return avx512::positions_le(values, threshold, out);
-        }
-        if c.isa == Isa::Avx2 {
-            return avx2::positions_le(values, threshold, out);
+        match (c.avx512, c.isa == Isa::Avx2, at_most) {
+            (true, _, true) => return avx512::positions_le(values, threshold, out),
+            (true, _, false) => return avx512::positions_ge(values, threshold, out),
+            (false, true, true) => return avx2::positions_le(values, threshold, out),
+            (false, true, false) => return avx2::positions_ge(values, threshold, out),
+            _ => {}
         }
     }
     let _ = c;
-    out.extend(values.iter().enumerate().filter(|(_, &x)| x <= threshold).map(|(i, _)| i as u32));
+    let keep = |x: f32| if at_most { x <= threshold } else { x >= threshold };
+    out.extend(values.iter().enumerate().filter(|(_, &x)| keep(x)).map(|(i, _)| i as u32));
 }
 
 /// Gathers the entries of a row at or above a threshold, a chunk at a time and in no

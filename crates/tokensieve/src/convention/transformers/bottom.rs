@@ -70,22 +70,26 @@ const FLOOR: f32 = 64.0;
 /// is off by a few percent on rows of thousands of tokens.
 const MARGIN: f64 = 1.25;
 
-/// `[temperature(t);] top_p;dist` with draw `u`, the row `r` NaN-free with its processed
-/// maximum `max = fl32(max r / t)` finite, the `top_p` threshold `fl32(1 - p)` in `(0, 1)` and
-/// `keep < r.len()` tokens kept at least: the chosen token and its probability among the
+/// One `[temperature(t);] top_p(p);dist` step on a row `r` of `n` tokens.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TopPDraw {
+    /// The temperature's divisor (1 without one).
+    pub(crate) t: f32,
+    /// The processed maximum `fl32(max r / t)`, finite.
+    pub(crate) max: f32,
+    /// `top_p`'s threshold `fl32(1 - p)`, in `(0, 1)`.
+    pub(crate) threshold: f32,
+    /// `min_tokens_to_keep`, below `n`.
+    pub(crate) keep: usize,
+    /// `dist`'s draw, in `[0, 1)`.
+    pub(crate) u: f64,
+}
+
+/// The step `d` on the row `r` (NaN-free): the chosen token and its probability among the
 /// survivors (against the sums that located it, as the row path's `dist` reports it). `None`
 /// where the bounds, ties at the cut or the shape of the row leave it to the array path.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn top_p_dist(
-    t: f32,
-    max: f32,
-    threshold: f32,
-    keep: usize,
-    r: &[f32],
-    u: f64,
-    s: &mut Scratch,
-    b: &mut BottomScratch,
-) -> Option<(u32, f32)> {
+pub(crate) fn top_p_dist(d: TopPDraw, r: &[f32], s: &mut Scratch, b: &mut BottomScratch) -> Option<(u32, f32)> {
+    let TopPDraw { t, max, threshold, keep, .. } = d;
     let n = r.len();
     debug_assert!(threshold > 0.0 && threshold < 1.0 && keep < n && max.is_finite());
     // The `-inf` tokens come first in torch's order, each with probability 0: removed, adding
@@ -132,7 +136,7 @@ pub(crate) fn top_p_dist(
                 }
             },
         };
-        if let Some(drawn) = draw(at, last, t, max, (rel, fixed, rounding), r, u, s, b) {
+        if let Some(drawn) = draw(d, (at, last), (rel, fixed, rounding), r, s, b) {
             return Some(drawn);
         }
     }
@@ -286,18 +290,15 @@ fn cut_at(j: usize, b: &BottomScratch) -> Walk {
 /// rest's sum, the bounds being sums of non-negative ones per weight); so where the draw is
 /// near either end of the row, the bound on the other part barely counts. The roundings
 /// count twice.
-#[allow(clippy::too_many_arguments)]
 fn draw(
-    cut: usize,
-    last: f32,
-    t: f32,
-    max: f32,
+    d: TopPDraw,
+    (cut, last): (usize, f32),
     (rel, fixed, rounding): (f64, f64, f64),
     r: &[f32],
-    u: f64,
     s: &mut Scratch,
     b: &BottomScratch,
 ) -> Option<(u32, f32)> {
+    let TopPDraw { t, max, u, .. } = d;
     // Less the removed weights, each subtraction within half an ulp of its block's sum. The
     // bounds are in the sums with them (`removed` more, at most, in any run).
     let mut removed = 0.0f64;
@@ -384,7 +385,8 @@ mod tests {
                         _ => uniform(),
                     };
                     draws += 1;
-                    if let Some((id, prob)) = top_p_dist(t, max, fl32(1.0 - p), keep, row, u, &mut s, &mut b) {
+                    let d = TopPDraw { t, max, threshold: fl32(1.0 - p), keep, u };
+                    if let Some((id, prob)) = top_p_dist(d, row, &mut s, &mut b) {
                         certain += 1;
                         assert_eq!(id, reference(row, t, p, keep, u), "V={v} t={t} p={p} keep={keep} u={u}");
                         assert!(prob > 0.0 && prob < 1.0);

@@ -58,7 +58,8 @@ use crate::convention::llama_cpp::dense::{
     crossing_block, f32_at_least, f32_at_most, gather_at_least, gather_lowered, gather_top, gather_top_lowered, total,
     undivided_floor, NearSums, Path, Prepared, Scratch, DRAW_FAR_MASSES,
 };
-use crate::convention::transformers::{bottom, from_sort_key, weight, weights_into};
+use crate::convention::transformers::bottom::{self, TopPDraw};
+use crate::convention::transformers::{from_sort_key, weight, weights_into};
 use crate::error::Result;
 use crate::sampler::transformers::dist::Dist;
 use crate::sampler::transformers::repetition_penalty::RepetitionPenalty;
@@ -1017,18 +1018,18 @@ fn top_p_dist(
     if !(threshold > 0.0 && threshold < 1.0) || keep >= n {
         return Ok(None);
     }
-    let Some(Stage::HfDist(d)) = stages.get_mut(at) else { return Ok(None) };
-    let u = d.draw();
+    let Some(Stage::HfDist(dist)) = stages.get_mut(at) else { return Ok(None) };
+    let d = TopPDraw { t, max, threshold, keep, u: dist.draw() };
     // A nearly flat row (most blocks reach within half a nat of the maximum): the cut lies
     // among the least likely tokens, below any top set worth gathering; rank those first.
     let blocks = s.block_max.len();
     let flat = arch::count_ge(&s.block_max, (max - 0.5) * t) * 2 > blocks;
     if flat {
-        if let Some(id) = draw_from_below(t, max, threshold, keep, r, u, s, c) {
+        if let Some(id) = draw_from_below(d, r, s, c) {
             return Ok(Some(Prepared::Selected(id)));
         }
     }
-    let (drawn, below) = certain_top_p_draw(t, max, threshold, keep, r, u, s);
+    let (drawn, below) = certain_top_p_draw(d, r, s);
     if let Some((at_g, p)) = drawn {
         let tok = s.gathered[at_g];
         c.begin(n);
@@ -1038,7 +1039,7 @@ fn top_p_dist(
         return Ok(Some(Prepared::Selected(tok.id)));
     }
     if below && !flat {
-        if let Some(id) = draw_from_below(t, max, threshold, keep, r, u, s, c) {
+        if let Some(id) = draw_from_below(d, r, s, c) {
             return Ok(Some(Prepared::Selected(id)));
         }
     }
@@ -1051,28 +1052,18 @@ fn top_p_dist(
             stage.apply(c)?;
         }
     }
-    Dist::apply_drawn(c, u)?;
+    Dist::apply_drawn(c, d.u)?;
     Ok(Some(Prepared::Built { applied: at + 1 }))
 }
 
 /// [`bottom::top_p_dist`]: the token selected in `c` when certain.
-#[allow(clippy::too_many_arguments)]
-fn draw_from_below(
-    t: f32,
-    max: f32,
-    threshold: f32,
-    keep: usize,
-    r: &[f32],
-    u: f64,
-    s: &mut Scratch,
-    c: &mut Candidates,
-) -> Option<u32> {
+fn draw_from_below(d: TopPDraw, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> Option<u32> {
     let mut b = std::mem::take(&mut s.bottom);
-    let drawn = bottom::top_p_dist(t, max, threshold, keep, r, u, s, &mut b);
+    let drawn = bottom::top_p_dist(d, r, s, &mut b);
     s.bottom = b;
     let (id, p) = drawn?;
     c.begin(r.len());
-    c.data.push(TokenData { id, logit: r[id as usize] / t, p });
+    c.data.push(TokenData { id, logit: r[id as usize] / d.t, p });
     c.selected = Some(0);
     s.path = Path::Fast("top_p;dist (from below)");
     Some(id)
@@ -1081,15 +1072,8 @@ fn draw_from_below(
 /// [`top_p_dist`]'s tries for draw `u` (weights `exp(f64(fl32(r / t) - max))`): the chosen
 /// token's position in the top set `G` (`s.gathered`) and its probability, when certain; and
 /// whether the cut surely lies below the largest `G` worth gathering.
-fn certain_top_p_draw(
-    t: f32,
-    max: f32,
-    threshold: f32,
-    keep: usize,
-    r: &[f32],
-    u: f64,
-    s: &mut Scratch,
-) -> (Option<(usize, f32)>, bool) {
+fn certain_top_p_draw(d: TopPDraw, r: &[f32], s: &mut Scratch) -> (Option<(usize, f32)>, bool) {
+    let TopPDraw { t, max, threshold, keep, u } = d;
     // A smaller first top set than `top_p`'s: most draws are decided within it.
     let mut top = TopSet { need: 32, a: None, grow_when_unsure: false, exhausted: false, floor_weight: 1.0 };
     let drawn = tightening_sums(r, t, max, &TOP_P_DRAW_MASSES, s, |sum, err, s| {
@@ -1374,7 +1358,8 @@ mod tests {
                     let mut want = array.clone();
                     Dist::select(&mut want, u);
                     draws += 1;
-                    if let (Some((at, _)), _) = certain_top_p_draw(1.0, max, threshold, keep, row, u, &mut s) {
+                    let d = TopPDraw { t: 1.0, max, threshold, keep, u };
+                    if let (Some((at, _)), _) = certain_top_p_draw(d, row, &mut s) {
                         assert_eq!(Some(s.gathered[at].id), want.selected_token(), "{name} top_p({p},{keep}) u = {u}");
                         certified += 1;
                     }
