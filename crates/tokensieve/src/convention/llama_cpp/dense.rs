@@ -3245,6 +3245,7 @@ mod tests {
         }
         assert_eq!(checked, 3 * 3 * 5 * 4);
     }
+
     /// `dist`'s draw located from bounded block sums ([`locate_draw`]), for draws swept over
     /// `[0, 1)` (and some within 10^-3 of either end, where one part of the sums' error is
     /// nearly all of it) on nearly flat rows, where every weight is a few hundred-thousandths
