@@ -167,14 +167,22 @@ fn sample_bound(t: f32, max: f32, threshold: f32, margin: f64, r: &[f32], b: &mu
         let k = ((y + 8_388_608.0).to_bits() - 0x4b00_0000) as usize;
         b.counts[k.min(last)] += 1;
     }
-    // Each bucket's tokens at its middle weight; the floor's at 0.
-    let weight_of = |k: usize| if k < last { (-(k as f64) / scale as f64).exp() } else { 0.0 };
-    let total: f64 = b.counts.iter().enumerate().map(|(k, &c)| f64::from(c) * weight_of(k)).sum();
+    // Each bucket's tokens at its middle weight `e^(-k / scale)`, by one ratio from bucket to
+    // bucket (an estimate: one `exp` per bucket would cost more than the sample); the floor's
+    // at 0.
+    let ratio = (-1.0 / scale as f64).exp();
+    let (mut total, mut w) = (0.0f64, 1.0f64);
+    for &c in &b.counts[..last] {
+        total += f64::from(c) * w;
+        w *= ratio;
+    }
     let target = total * f64::from(threshold) * margin;
-    let (mut mass, mut first) = (0.0f64, last + 1);
+    // From the floor up; `w` is now the weight of bucket `last`.
+    let (mut mass, mut first) = (0.0f64, last);
     while first > 0 && mass <= target {
         first -= 1;
-        mass += f64::from(b.counts[first]) * weight_of(first);
+        w /= ratio;
+        mass += f64::from(b.counts[first]) * w;
     }
     if mass <= target {
         return None;
