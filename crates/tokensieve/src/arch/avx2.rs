@@ -357,7 +357,7 @@ pub unsafe fn widen_bf16(src: &[half::bf16], out: &mut [f32]) {
 
 /// The first index `i` with `values[i] == x`.
 #[target_feature(enable = "avx2,fma,bmi1,popcnt")]
-unsafe fn first_eq(values: &[f32], x: f32) -> Option<usize> {
+pub(super) unsafe fn first_eq(values: &[f32], x: f32) -> Option<usize> {
     let t = _mm256_set1_ps(x);
     let chunks = values.chunks_exact(8);
     let tail = chunks.remainder();
@@ -370,6 +370,15 @@ unsafe fn first_eq(values: &[f32], x: f32) -> Option<usize> {
     }
     let whole = values.len() - tail.len();
     tail.iter().position(|&v| v == x).map(|i| whole + i)
+}
+
+/// See [`super::rounded_increments`]: its loop compiled for AVX2.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
+pub(super) unsafe fn rounded_increments(ws: &[f32], sum: f32, scale_cum: f64, scale_run: f64) -> Option<(u64, u64)> {
+    super::rounded_increments_with(ws, sum, scale_cum, scale_run)
 }
 
 /// The max tree of one block of 64 floats at `p`, the first operand `lo` of its root's `max`,

@@ -641,6 +641,64 @@ pub fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, out: &mu
     }
 }
 
+/// The first index `i` with `values[i] == x` (`==`: `-0.0` matches `0.0`, NaN nothing).
+pub(crate) fn position_eq(values: &[f32], x: f32) -> Option<usize> {
+    match caps().isa {
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::first_eq(values, x) },
+        _ => values.iter().position(|&v| v == x),
+    }
+}
+
+/// The integer increments of adding each weight `w` of `ws` to two running sums whose ulps
+/// are `1 / scale_cum` and `1 / scale_run` (powers of two): `t = fl32(w / sum) · scale_cum`
+/// and `w · scale_run` (both exact), each rounded to the nearest integer, totalled. `None`
+/// where one of them is a tie (a half integer: the sum's last bit would decide), not below
+/// 2^52, or NaN. The weights must be non-negative.
+///
+/// PERF: compiled for AVX2 where it was detected (four f64 lanes, the rounding by adding and
+/// subtracting 2^52, whose bits minus 2^52's are the integer): the base ISA's loop, two lanes
+/// and a scalar division per weight, was a third of [`super::convention`]'s bucketed
+/// `top_p;dist` draw on a nearly flat row.
+pub(crate) fn rounded_increments(ws: &[f32], sum: f32, scale_cum: f64, scale_run: f64) -> Option<(u64, u64)> {
+    #[cfg(target_arch = "x86_64")]
+    if caps().isa == Isa::Avx2 {
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
+        return unsafe { avx2::rounded_increments(ws, sum, scale_cum, scale_run) };
+    }
+    rounded_increments_with(ws, sum, scale_cum, scale_run)
+}
+
+/// [`rounded_increments`]' loop, inlined into each caller (compiled with its features).
+#[inline(always)]
+pub(crate) fn rounded_increments_with(ws: &[f32], sum: f32, scale_cum: f64, scale_run: f64) -> Option<(u64, u64)> {
+    // 2^52: `x + SHIFT` rounds `0 <= x < 2^52` to an integer, held in the low bits.
+    const SHIFT: f64 = 4_503_599_627_370_496.0;
+    let (mut k_cum, mut k_run) = (0u64, 0u64);
+    // Each increment is below 2^52, so 4096 of them total below 2^64.
+    for part in ws.chunks(4096) {
+        let (mut part_cum, mut part_run, mut bad) = (0u64, 0u64, 0u64);
+        for &w in part {
+            let t = (w / sum) as f64 * scale_cum;
+            let tw = w as f64 * scale_run;
+            let (st, sw) = (t + SHIFT, tw + SHIFT);
+            // Non-short-circuit `|`: no branch in the loop.
+            let off =
+                !(t < SHIFT) | !(tw < SHIFT) | ((t - (st - SHIFT)).abs() == 0.5) | ((tw - (sw - SHIFT)).abs() == 0.5);
+            bad += u64::from(off);
+            part_cum = part_cum.wrapping_add(st.to_bits().wrapping_sub(SHIFT.to_bits()));
+            part_run = part_run.wrapping_add(sw.to_bits().wrapping_sub(SHIFT.to_bits()));
+        }
+        if bad != 0 {
+            return None;
+        }
+        k_cum = k_cum.checked_add(part_cum)?;
+        k_run = k_run.checked_add(part_run)?;
+    }
+    Some((k_cum, k_run))
+}
+
 /// `out[i] = expf(src[i] / div - sub)` with f32 division and subtraction, each rounded as
 /// written, and the platform's `expf` bits. Every `src[i] / div - sub` must be `<= 0` or
 /// `-inf` (a logit minus the maximum). `div = 1` is exact, so it also serves without a
@@ -1794,6 +1852,70 @@ mod tests {
         return avx2_available() && std::is_x86_feature_detected!("avx512f");
         #[allow(unreachable_code)]
         false
+    }
+
+    /// [`rounded_increments`] (the AVX2 kernel where detected) and its portable loop against
+    /// the obvious rounding in f64 and totals in u128: random weights and weights on a grid
+    /// (ties for the coarser scales), sums in several binades, lengths around the lane width
+    /// and past a part of 4,096, a weight of NaN and increments of 2^52 and more.
+    #[test]
+    fn rounded_increments_are_the_obvious_roundings() {
+        use tokensieve_testkit::generate::SplitMix64;
+        fn obvious(ws: &[f32], sum: f32, scale_cum: f64, scale_run: f64) -> Option<(u64, u64)> {
+            let (mut a, mut b) = (0u128, 0u128);
+            for &w in ws {
+                let (t, tw) = ((w / sum) as f64 * scale_cum, w as f64 * scale_run);
+                if !(t < 2f64.powi(52) && tw < 2f64.powi(52)) || t.fract() == 0.5 || tw.fract() == 0.5 {
+                    return None;
+                }
+                a += t.round_ties_even() as u128;
+                b += tw.round_ties_even() as u128;
+            }
+            Some((u64::try_from(a).ok()?, u64::try_from(b).ok()?))
+        }
+        let mut rng = SplitMix64::new(11);
+        let (mut given, mut refused) = (0, 0);
+        for case in 0..3_000 {
+            let n = if case % 100 == 0 { 5_000 } else { rng.below(70) };
+            let grid = case % 3 == 0;
+            let mut ws: Vec<f32> = (0..n)
+                .map(|_| {
+                    let w = (rng.next_f64() * rng.next_f64()) as f32;
+                    if grid {
+                        (w * 64.0).round() / 64.0
+                    } else {
+                        w
+                    }
+                })
+                .collect();
+            if case % 97 == 1 && n > 0 {
+                ws[n / 2] = f32::NAN;
+            }
+            let sum = [1.0f32, 3.0, 1e3 + rng.next_f64() as f32, 37.5][rng.below(4)];
+            let scale_cum = 2f64.powi(rng.below(60) as i32);
+            let scale_run = 2f64.powi(rng.below(60) as i32);
+            let want = obvious(&ws, sum, scale_cum, scale_run);
+            assert_eq!(rounded_increments(&ws, sum, scale_cum, scale_run), want, "case {case}");
+            assert_eq!(rounded_increments_with(&ws, sum, scale_cum, scale_run), want, "case {case}");
+            if want.is_some() {
+                given += 1;
+            } else {
+                refused += 1;
+            }
+        }
+        assert!(given > 1_000 && refused > 300, "{given} given, {refused} refused");
+    }
+
+    /// [`position_eq`] as the obvious search, `-0.0` matching `0.0` and NaN nothing, at every
+    /// position of rows around the lane width.
+    #[test]
+    fn position_eq_finds_the_first_equal_value() {
+        for n in 0..40usize {
+            let row: Vec<f32> = (0..n).map(|i| [1.5f32, -0.0, f32::NAN, 2.0][i % 4] + (i / 4) as f32).collect();
+            for x in [1.5f32, 0.0, -0.0, f32::NAN, 2.0, 3.0, 11.5, 99.0] {
+                assert_eq!(position_eq(&row, x), row.iter().position(|&v| v == x), "n = {n}, x = {x}");
+            }
+        }
     }
 
     /// [`gather_blocks_ge`] on rows of more blocks than a kernel lists at a time (AVX2 lists

@@ -115,6 +115,7 @@ pub(crate) fn draw(
         *slot += 1;
     }
     b.weights.resize(n, 0.0);
+    arch::exp_shifted(&b.vals, 1.0, max, &mut b.weights);
     // Room for the largest bucket up front: a later row's may be larger (no allocation per
     // token after the first row of a size).
     b.order.reserve(n);
@@ -132,9 +133,6 @@ pub(crate) fn draw(
         if a == e {
             continue;
         }
-        // The weights of the buckets the walk reaches only: none past the cut (the draw's
-        // bucket is at or before it).
-        arch::exp_shifted(&b.vals[a..e], 1.0, max, &mut b.weights[a..e]);
         let may_cut = pos + (e - a) >= min_keep;
         if let Some((cum2, run2)) = add_whole(cum, run, &b.weights[a..e], sum) {
             if !(may_cut && cum2 >= p) {
@@ -186,7 +184,7 @@ pub(crate) fn draw(
         return None;
     }
     let w = b.weights[a + b.order[i] as u32 as usize];
-    let id = r.iter().position(|&x| x + 0.0 == v + 0.0)? as u32;
+    let id = arch::position_eq(r, v)? as u32;
     c.begin(n);
     c.data.push(TokenData { id, logit: r[id as usize], p: (w as f64 / total) as f32 });
     c.selected = Some(0);
@@ -206,9 +204,8 @@ fn sort_bucket(vals: &[f32], order: &mut Vec<u64>) {
 /// for its sum's ulp, or a total that reaches the sum's next binade.
 ///
 /// Each term's increment is `t = x / q` rounded to the nearest integer, where `x / q` is exact
-/// (`q` a power of two). The rounding adds and subtracts 2^52, exact for `0 <= t < 2^52`; a
-/// larger `t` fails the room check whatever it rounds to. The increments are integers below
-/// 2^53 added in f64: exact until the total passes 2^53, far beyond any room.
+/// (`q` a power of two), totalled in integers by [`arch::rounded_increments`], which refuses
+/// a `t` of 2^52 or more (it could never fit the room).
 fn add_whole(cum: f32, run: f64, ws: &[f32], sum: f32) -> Option<(f32, f64)> {
     if !(cum >= f32::MIN_POSITIVE && cum.is_finite() && (1.0..f64::MAX).contains(&run)) {
         return None;
@@ -218,24 +215,13 @@ fn add_whole(cum: f32, run: f64, ws: &[f32], sum: f32) -> Option<(f32, f64)> {
     // so `2098 - E` is in 1..=1075.
     let scale_cum = f64::from_bits(u64::from(1173 - (cum.to_bits() >> 23)) << 52);
     let scale_run = f64::from_bits((2098 - (run.to_bits() >> 52)) << 52);
-    // 2^52: adding and subtracting it rounds to an integer.
-    const SHIFT: f64 = 4_503_599_627_370_496.0;
-    let (mut k_cum, mut k_run, mut tie) = (0.0f64, 0.0f64, false);
-    for &w in ws {
-        let t = (w / sum) as f64 * scale_cum;
-        let rt = (t + SHIFT) - SHIFT;
-        let tw = w as f64 * scale_run;
-        let rw = (tw + SHIFT) - SHIFT;
-        tie |= (t - rt).abs() == 0.5 || (tw - rw).abs() == 0.5;
-        k_cum += rt;
-        k_run += rw;
-    }
-    let room_cum = ((1u32 << 23) - (cum.to_bits() & 0x7f_ffff)) as f64;
-    let room_run = ((1u64 << 52) - (run.to_bits() & ((1u64 << 52) - 1))) as f64;
-    if tie || !(k_cum < room_cum && k_run < room_run) {
+    let (k_cum, k_run) = arch::rounded_increments(ws, sum, scale_cum, scale_run)?;
+    let room_cum = u64::from((1u32 << 23) - (cum.to_bits() & 0x7f_ffff));
+    let room_run = (1u64 << 52) - (run.to_bits() & ((1u64 << 52) - 1));
+    if !(k_cum < room_cum && k_run < room_run) {
         return None;
     }
-    Some((f32::from_bits(cum.to_bits() + k_cum as u32), f64::from_bits(run.to_bits() + k_run as u64)))
+    Some((f32::from_bits(cum.to_bits() + k_cum as u32), f64::from_bits(run.to_bits() + k_run)))
 }
 
 #[cfg(test)]

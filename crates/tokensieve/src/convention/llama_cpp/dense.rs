@@ -2157,6 +2157,9 @@ fn certain_top_p_draw(
         // Both intervals hold `S`: so does their intersection.
         (lo, hi) = (lo.max(l), hi.min(h));
         debug_assert!(lo <= hi, "disjoint bounds on one sum");
+        if beyond_at(p, lo) {
+            return Err(Some(Short::Beyond));
+        }
         let cuts = sorted_prefix((p, min_keep), r, max, (lo, hi), Ties::Allowed, s, c).map_err(Some)?;
         // What the f32 running sum of `p_j` can have lost to rounding before the cut: at most
         // 2^-25 per addition (every running sum is below `p <= 1`), and at most the `p_j`
@@ -2169,6 +2172,15 @@ fn certain_top_p_draw(
         }
     }
     Err(None)
+}
+
+/// Whether llama.cpp's `top_p(p)` cut surely lies beyond its first 256 entries for a
+/// softmax sum `lo`, whatever they are (a nearly flat row): none of their `fl32(w / lo)` is
+/// above `fl32(1 / lo)` (every weight is at most the maximum's, 1), so their running f32
+/// sum stays below `256 · (1 / lo) · (1 + 2^-24) · (1 + 2^-24)^256`; if that is below `p`, so
+/// is every running sum within them. [`sorted_prefix`] would pop all 256 to find out.
+fn beyond_at(p: f32, lo: f32) -> bool {
+    lo > 0.0 && 256.0 / lo as f64 * (1.0 + 2f64.powi(-14)) < p as f64
 }
 
 /// Leaves entry `i` of the prefix in `c` alone, selected, as `dist` leaves it after the
