@@ -2028,13 +2028,14 @@ fn top_p_dist(
     }
     let Some(Stage::Dist(d)) = stages.get_mut(at) else { return Ok(None) };
     let u = d.draw();
-    let beyond = match certain_top_p_draw(p, min_keep, r, max, u, temp, s, c) {
-        Ok(token) => {
-            s.path = Path::Fast("top-p;dist");
-            return Ok(Some(Prepared::Selected(token)));
-        }
-        Err(short) => short == Some(Short::Beyond),
-    };
+    let beyond = beyond_by_block_maxima(p, max, &s.block_max)
+        || match certain_top_p_draw(p, min_keep, r, max, u, temp, s, c) {
+            Ok(token) => {
+                s.path = Path::Fast("top-p;dist");
+                return Ok(Some(Prepared::Selected(token)));
+            }
+            Err(short) => short == Some(Short::Beyond),
+        };
     // The exact sum: the cut is certain, and so is the draw unless several entries hold the
     // chosen value.
     let sum = arch::exp_sum_sequential(0.0, r, max, &s.block_max);
@@ -2172,6 +2173,21 @@ fn certain_top_p_draw(
         }
     }
     Err(None)
+}
+
+/// Whether the block maxima alone put llama.cpp's `top_p(p)` cut beyond its first 256 entries
+/// ([`beyond_at`]), on a row whose maximum is `max`: on a nearly flat row, where most blocks
+/// reach within a nat of the maximum, their weights' f32 running sum in block order bounds
+/// the softmax sum from below (the row's running sum adds the same weights in the same order,
+/// and more; rounded addition is monotone and every weight non-negative). [`top_p_dist`]'s
+/// tries would spend a bound on the sum and a prefix of 256 entries to learn the same (flat
+/// rows at V = 32,000: about a tenth of the draw). Elsewhere one count of the maxima.
+fn beyond_by_block_maxima(p: f32, max: f32, block_max: &[f32]) -> bool {
+    if arch::count_ge(block_max, max - 1.0) * 2 <= block_max.len() {
+        return false;
+    }
+    let lo = block_max.iter().fold(0.0f32, |sum, &bm| sum + (bm - max).exp());
+    beyond_at(p, lo)
 }
 
 /// Whether llama.cpp's `top_p(p)` cut surely lies beyond its first 256 entries for a
@@ -3305,6 +3321,54 @@ mod tests {
     /// the real SmolLM2 row, whose cut bounds lie further apart than [`PAST_THE_CUT`] entries
     /// (so the survivors' sum is bounded from the mass), and generated rows whose cut falls
     /// within the first 32 entries, within 256, or beyond.
+    /// [`beyond_by_block_maxima`] says "beyond" only where the exact sum's sorted prefix does
+    /// (and its bound is below the exact sum): on flat rows of several spreads and sizes, for
+    /// masses from 0.1 to 0.999; it says so on rows like the bench's flat one at `top_p(0.95)`
+    /// (what it is for) and never on peaked ones.
+    #[test]
+    fn beyond_by_the_block_maxima_is_beyond_the_exact_prefix() {
+        let (mut said, mut flat_95) = (0, 0);
+        for v in [1025usize, 4096, 32_000, 128_256] {
+            let mut rows: Vec<(String, Vec<f32>)> = [0.02f32, 0.05, 0.3, 1.0]
+                .iter()
+                .map(|&sd| {
+                    (
+                        format!("gaussian sd {sd}"),
+                        generate::row(RowKind::Gaussian, v, 5).iter().map(|x| x * sd).collect(),
+                    )
+                })
+                .collect();
+            rows.push(("flat".into(), generate::row(RowKind::Flat, v, 5)));
+            rows.push(("peaked".into(), generate::row(RowKind::Peaked, v, 5)));
+            for (name, row) in &rows {
+                let mut s = Scratch::default();
+                let mut c = Candidates::default();
+                let summary = arch::summarize(row, &mut s.block_max);
+                let max = summary.max;
+                s.summary = Some(summary);
+                let sum = arch::exp_sum_sequential(0.0, row, max, &s.block_max);
+                for p in [0.95f32, 0.5, 0.1, 0.999] {
+                    let says = beyond_by_block_maxima(p, max, &s.block_max);
+                    if name == "peaked" {
+                        assert!(!says, "{name} V={v} top_p({p})");
+                    }
+                    // The bench's flat row: N(0, 0.05²).
+                    if name == "gaussian sd 0.05" && p == 0.95 && v >= 32_000 {
+                        assert!(says, "{name} V={v} top_p({p})");
+                        flat_95 += 1;
+                    }
+                    if says {
+                        said += 1;
+                        assert!(beyond_at(p, sum), "{name} V={v} top_p({p})");
+                        let exact = sorted_prefix((p, 1), row, max, (sum, sum), Ties::Allowed, &mut s, &mut c);
+                        assert_eq!(exact, Err(Short::Beyond), "{name} V={v} top_p({p})");
+                    }
+                }
+            }
+        }
+        assert!(said >= 10 && flat_95 == 2, "{said} said beyond");
+    }
+
     #[test]
     fn top_p_draws_are_certified_only_when_right() {
         use crate::sampler::temperature::Temperature;
