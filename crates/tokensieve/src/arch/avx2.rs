@@ -1882,12 +1882,16 @@ unsafe fn exp2_approx_n<const N: usize>(y: [__m256; N], c: &Exp2Consts) -> ([__m
     let k: [__m256; N] = std::array::from_fn(|i| _mm256_add_ps(y[i], c.magic));
     // `y - n` is exact: `n` is the integer nearest `y`, and `y`'s ulp divides it.
     let f: [__m256; N] = std::array::from_fn(|i| _mm256_sub_ps(y[i], _mm256_sub_ps(k[i], c.magic)));
-    let mut p = [c.poly[5]; N];
-    for &coef in c.poly[..5].iter().rev() {
-        for i in 0..N {
-            p[i] = _mm256_fmadd_ps(p[i], f[i], coef);
-        }
-    }
+    // Estrin's scheme: `(c0 + c1·f) + f²·((c2 + c3·f) + f²·(c4 + c5·f))`, three multiply-adds
+    // deep where Horner's rule is five. PERF: the kernels that use this are bound by its
+    // latency, not their throughput (the schedulers fill with waiting operations):
+    // `exp_block_sums_approx` at V = 32,000 took 20 µs with Horner's rule, 16.5 with this.
+    let f2: [__m256; N] = std::array::from_fn(|i| _mm256_mul_ps(f[i], f[i]));
+    let pair = |hi: usize, i: usize| _mm256_fmadd_ps(c.poly[hi], f[i], c.poly[hi - 1]);
+    let p: [__m256; N] = std::array::from_fn(|i| {
+        let (c01, c23, c45) = (pair(1, i), pair(3, i), pair(5, i));
+        _mm256_fmadd_ps(_mm256_fmadd_ps(c45, f2[i], c23), f2[i], c01)
+    });
     // `k`'s low mantissa bits hold `n` (two's complement); shifted into the exponent field
     // they add `n` to `p`'s exponent (the high bits of the magic constant shift out).
     let w = std::array::from_fn(|i| {

@@ -166,10 +166,10 @@ unsafe fn exp2_approx_with(y: __m512, c: &Exp2Consts) -> (__m512, __m512) {
     let k = _mm512_add_ps(y, c.magic);
     // `y - n` is exact: `n` is the integer nearest `y`, and `y`'s ulp divides it.
     let f = _mm512_sub_ps(y, _mm512_sub_ps(k, c.magic));
-    let mut p = c.poly[5];
-    for &coef in c.poly[..5].iter().rev() {
-        p = _mm512_fmadd_ps(p, f, coef);
-    }
+    // Estrin's scheme, as AVX2's.
+    let f2 = _mm512_mul_ps(f, f);
+    let pair = |hi: usize| _mm512_fmadd_ps(c.poly[hi], f, c.poly[hi - 1]);
+    let p = _mm512_fmadd_ps(_mm512_fmadd_ps(pair(5), f2, pair(3)), f2, pair(1));
     // `k`'s low mantissa bits hold `n`; shifted into the exponent field they add `n` to `p`'s.
     let n = _mm512_slli_epi32::<23>(_mm512_castps_si512(k));
     (_mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), n)), y)

@@ -683,10 +683,10 @@ pub(crate) fn rounded_increments_with(ws: &[f32], sum: f32, scale_cum: f64, scal
             let t = (w / sum) as f64 * scale_cum;
             let tw = w as f64 * scale_run;
             let (st, sw) = (t + SHIFT, tw + SHIFT);
-            // Non-short-circuit `|`: no branch in the loop.
-            let off =
-                !(t < SHIFT) | !(tw < SHIFT) | ((t - (st - SHIFT)).abs() == 0.5) | ((tw - (sw - SHIFT)).abs() == 0.5);
-            bad += u64::from(off);
+            // Non-short-circuit `&` and `|`: no branch in the loop. (NaN is out of range.)
+            let in_range = (t < SHIFT) & (tw < SHIFT);
+            let tie = ((t - (st - SHIFT)).abs() == 0.5) | ((tw - (sw - SHIFT)).abs() == 0.5);
+            bad += u64::from(!in_range | tie);
             part_cum = part_cum.wrapping_add(st.to_bits().wrapping_sub(SHIFT.to_bits()));
             part_run = part_run.wrapping_add(sw.to_bits().wrapping_sub(SHIFT.to_bits()));
         }
@@ -1320,13 +1320,14 @@ fn approx_kernel_applies(div: f32, sub: f32) -> bool {
 /// Coefficients of `2^f` on `[-0.5, 0.5]` for the approximate kernels' `2^y` (AVX2's
 /// `exp2_approx`, and the same operations on AVX-512 and NEON): degree 5, fitted at the
 /// Chebyshev nodes; relative error 1.0e-7 in exact arithmetic, under [`APPROX_POLY_REL_ERROR`]
-/// evaluated in f32. The linear one rounds to ln 2's f32.
+/// evaluated in f32 by Estrin's scheme. The linear one rounds to ln 2's f32.
 #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
 const EXP2_POLY: [f32; 6] =
     [1.000_000_1, std::f32::consts::LN_2, 0.240_221_08, 0.055_503_57, 0.009_676_032, 0.001_339_086_3];
 
 /// Relative error of the approximate `2^y` against `2^y` for `y >= APPROX_Y_MIN` (the `2^f`
-/// polynomial evaluated in f32 with fused multiply-adds; the scaling by `2^n` is exact).
+/// polynomial evaluated in f32 with fused multiply-adds, by Estrin's scheme; the scaling by
+/// `2^n` is exact).
 /// Checked by a dense sweep in the tests.
 #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
 const APPROX_POLY_REL_ERROR: f64 = 1.0 / (1u64 << 21) as f64;
@@ -2814,10 +2815,10 @@ mod tests {
         let magic = 12_582_912.0f32;
         let k = y + magic;
         let f = y - (k - magic);
-        let mut p = EXP2_POLY[5];
-        for &c in EXP2_POLY[..5].iter().rev() {
-            p = p.mul_add(f, c);
-        }
+        // Estrin's scheme, as the kernels evaluate it.
+        let f2 = f * f;
+        let pair = |hi: usize| EXP2_POLY[hi].mul_add(f, EXP2_POLY[hi - 1]);
+        let p = pair(5).mul_add(f2, pair(3)).mul_add(f2, pair(1));
         (f32::from_bits(p.to_bits().wrapping_add(k.to_bits() << 23)), y)
     }
 

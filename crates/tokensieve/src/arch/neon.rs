@@ -452,10 +452,11 @@ fn exp2_approx(y: F32x8, c: &Exp2Consts) -> (F32x8, F32x8) {
     let k = y.zip(c.magic, |a, b| vaddq_f32(a, b));
     // `y - n` is exact: `n` is the integer nearest `y`, and `y`'s ulp divides it.
     let f = y.zip(k.zip(c.magic, |a, b| vsubq_f32(a, b)), |a, b| vsubq_f32(a, b));
-    let mut p = c.poly[5];
-    for &coef in c.poly[..5].iter().rev() {
-        p = F32x8(vfmaq_f32(coef.0, p.0, f.0), vfmaq_f32(coef.1, p.1, f.1));
-    }
+    // Estrin's scheme, as AVX2's: `a·b + c` is `vfmaq_f32(c, a, b)`.
+    let fma = |a: F32x8, b: F32x8, c: F32x8| F32x8(vfmaq_f32(c.0, a.0, b.0), vfmaq_f32(c.1, a.1, b.1));
+    let f2 = f.zip(f, |a, b| vmulq_f32(a, b));
+    let pair = |hi: usize| fma(c.poly[hi], f, c.poly[hi - 1]);
+    let p = fma(fma(pair(5), f2, pair(3)), f2, pair(1));
     // `k`'s low mantissa bits hold `n` (two's complement); shifted into the exponent field
     // they add `n` to `p`'s exponent (the high bits of the magic constant shift out).
     let scale = |p: float32x4_t, k: float32x4_t| {
