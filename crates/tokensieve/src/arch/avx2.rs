@@ -1850,18 +1850,13 @@ pub(super) unsafe fn exp2_approx(y: __m256) -> (__m256, __m256) {
 struct Exp2Consts {
     poly: [__m256; 6],
     y_min: __m256,
-    magic: __m256,
 }
 
 impl Exp2Consts {
     #[target_feature(enable = "avx2,fma,bmi1,popcnt")]
     #[inline]
     unsafe fn new() -> Self {
-        Self {
-            poly: EXP2_POLY.map(|c| _mm256_set1_ps(c)),
-            y_min: _mm256_set1_ps(APPROX_Y_MIN),
-            magic: _mm256_set1_ps(12_582_912.0), // 1.5·2^23
-        }
+        Self { poly: EXP2_POLY.map(|c| _mm256_set1_ps(c)), y_min: _mm256_set1_ps(APPROX_Y_MIN) }
     }
 }
 
@@ -1879,9 +1874,14 @@ unsafe fn exp2_approx_with(y: __m256, c: &Exp2Consts) -> (__m256, __m256) {
 #[inline]
 unsafe fn exp2_approx_n<const N: usize>(y: [__m256; N], c: &Exp2Consts) -> ([__m256; N], [__m256; N]) {
     let y = y.map(|y| _mm256_max_ps(y, c.y_min));
-    let k: [__m256; N] = std::array::from_fn(|i| _mm256_add_ps(y[i], c.magic));
-    // `y - n` is exact: `n` is the integer nearest `y`, and `y`'s ulp divides it.
-    let f: [__m256; N] = std::array::from_fn(|i| _mm256_sub_ps(y[i], _mm256_sub_ps(k[i], c.magic)));
+    // `n`, the integer nearest `y` (ties to even, as adding 1.5·2^23 rounds: the model's and
+    // the AVX-512 and NEON kernels' way, with the same bits): one rounding instead of that
+    // addition and its subtraction, shortening the critical path (32k approximate block sums
+    // 16.5 -> 15.5 µs).
+    let n: [__m256; N] =
+        std::array::from_fn(|i| _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y[i]));
+    // `y - n` is exact: `y`'s ulp divides `n`.
+    let f: [__m256; N] = std::array::from_fn(|i| _mm256_sub_ps(y[i], n[i]));
     // Estrin's scheme: `(c0 + c1·f) + f²·((c2 + c3·f) + f²·(c4 + c5·f))`, three multiply-adds
     // deep where Horner's rule is five. PERF: the kernels that use this are bound by its
     // latency, not their throughput (the schedulers fill with waiting operations):
@@ -1892,10 +1892,10 @@ unsafe fn exp2_approx_n<const N: usize>(y: [__m256; N], c: &Exp2Consts) -> ([__m
         let (c01, c23, c45) = (pair(1, i), pair(3, i), pair(5, i));
         _mm256_fmadd_ps(_mm256_fmadd_ps(c45, f2[i], c23), f2[i], c01)
     });
-    // `k`'s low mantissa bits hold `n` (two's complement); shifted into the exponent field
-    // they add `n` to `p`'s exponent (the high bits of the magic constant shift out).
+    // `n` shifted into the exponent field adds it to `p`'s exponent (two's complement: the
+    // high bits shift out).
     let w = std::array::from_fn(|i| {
-        let n = _mm256_slli_epi32::<23>(_mm256_castps_si256(k[i]));
+        let n = _mm256_slli_epi32::<23>(_mm256_cvtps_epi32(n[i]));
         _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p[i]), n))
     });
     (w, y)
