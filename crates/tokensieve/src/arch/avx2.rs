@@ -1688,13 +1688,15 @@ unsafe fn approx_increments(x: __m256, c: &IncrementConsts) -> (__m256i, __m256)
 unsafe fn approx_increments_n<const N: usize>(x: [__m256; N], c: &IncrementConsts) -> ([__m256i; N], [__m256; N]) {
     let (w, y) = exp2_approx_n(x.map(|x| _mm256_mul_ps(_mm256_sub_ps(x, c.sub), c.log2e)), &c.exp2);
     let x = w.map(|w| _mm256_mul_ps(w, c.scale));
-    let yr: [__m256; N] = std::array::from_fn(|i| _mm256_add_ps(x[i], c.magic));
-    let dist: [__m256; N] =
-        std::array::from_fn(|i| _mm256_and_ps(_mm256_sub_ps(x[i], _mm256_sub_ps(yr[i], c.magic)), c.abs));
+    // The integer nearest `x` (ties to even), by one rounding (see `exp2_approx_n`); exact as
+    // an i32 wherever the certificate can hold (`x < 2^19`), and the other lanes are masked.
+    let r: [__m256; N] =
+        std::array::from_fn(|i| _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x[i]));
+    let dist: [__m256; N] = std::array::from_fn(|i| _mm256_and_ps(_mm256_sub_ps(x[i], r[i]), c.abs));
     // `y <= 0`: `rho + rho_y·|y|` is `rho - rho_y·y`.
     let tol: [__m256; N] = std::array::from_fn(|i| _mm256_mul_ps(x[i], _mm256_fnmadd_ps(c.rho_y, y[i], c.rho)));
     let sure = std::array::from_fn(|i| _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_add_ps(dist[i], tol[i]), c.certain));
-    (yr.map(|yr| _mm256_sub_epi32(_mm256_castps_si256(yr), _mm256_castps_si256(c.magic))), sure)
+    (r.map(|r| _mm256_cvtps_epi32(r)), sure)
 }
 
 /// For the tests: per lane of `xs`, the approximate increment, whether it is certain, and
