@@ -115,6 +115,8 @@ pub(crate) fn draw(
         *slot += 1;
     }
     b.weights.resize(n, 0.0);
+    // Every weight in one call, the few past the cut too: a call per bucket left each one's
+    // last few entries (not a whole vector) to `expf` one at a time.
     arch::exp_shifted(&b.vals, 1.0, max, &mut b.weights);
     // Room for the largest bucket up front: a later row's may be larger (no allocation per
     // token after the first row of a size).

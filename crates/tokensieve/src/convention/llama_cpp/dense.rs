@@ -3315,12 +3315,6 @@ mod tests {
         assert!(before_exact * 10 >= draws * 6, "only {before_exact} of {draws} draws located before the exact pass");
     }
 
-    /// [`certain_top_p_draw`] against the array path (llama.cpp's fill, `top_p`, then `dist`
-    /// with the same draw, with and without a `temperature` between) for draws spread over
-    /// `[0, 1)`: every token it certifies is the array path's, with its processed logit. Rows:
-    /// the real SmolLM2 row, whose cut bounds lie further apart than [`PAST_THE_CUT`] entries
-    /// (so the survivors' sum is bounded from the mass), and generated rows whose cut falls
-    /// within the first 32 entries, within 256, or beyond.
     /// [`beyond_by_block_maxima`] says "beyond" only where the exact sum's sorted prefix does
     /// (and its bound is below the exact sum): on flat rows of several spreads and sizes, for
     /// masses from 0.1 to 0.999; it says so on rows like the bench's flat one at `top_p(0.95)`
@@ -3369,6 +3363,12 @@ mod tests {
         assert!(said >= 10 && flat_95 == 2, "{said} said beyond");
     }
 
+    /// [`certain_top_p_draw`] against the array path (llama.cpp's fill, `top_p`, then `dist`
+    /// with the same draw, with and without a `temperature` between) for draws spread over
+    /// `[0, 1)`: every token it certifies is the array path's, with its processed logit. Rows:
+    /// the real SmolLM2 row, whose cut bounds lie further apart than [`PAST_THE_CUT`] entries
+    /// (so the survivors' sum is bounded from the mass), and generated rows whose cut falls
+    /// within the first 32 entries, within 256, or beyond.
     #[test]
     fn top_p_draws_are_certified_only_when_right() {
         use crate::sampler::temperature::Temperature;
