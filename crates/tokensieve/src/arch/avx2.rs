@@ -372,6 +372,60 @@ pub(super) unsafe fn first_eq(values: &[f32], x: f32) -> Option<usize> {
     tail.iter().position(|&v| v == x).map(|i| whole + i)
 }
 
+/// See [`super::positions_in_range`]: 32 bytes per compare, their positions left-packed 8 at
+/// a time by table (four stores of 8 per 32 bytes, whatever their count: no branch).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
+pub(super) unsafe fn positions_in_range(bytes: &[u8], lo: u8, hi: u8, out: &mut Vec<u32>) {
+    // Room for every position, and for the 8 lanes each store writes.
+    out.reserve(bytes.len() + 8);
+    let len = out.len();
+    let dst = out.spare_capacity_mut().as_mut_ptr() as *mut u32;
+    // Unsigned bytes compared as signed ones, all shifted by 128.
+    let flip = _mm256_set1_epi8(i8::MIN);
+    let (vlo, vhi) = (_mm256_set1_epi8((lo ^ 0x80) as i8), _mm256_set1_epi8((hi ^ 0x80) as i8));
+    let chunks = bytes.chunks_exact(32);
+    let tail = chunks.remainder();
+    let mut n = 0;
+    for (c, chunk) in chunks.enumerate() {
+        // SAFETY: `chunk` holds 32 bytes.
+        let v = _mm256_xor_si256(_mm256_loadu_si256(chunk.as_ptr() as *const __m256i), flip);
+        // `lo <= v < hi`: not `lo > v`, and `hi > v`.
+        let inside = _mm256_andnot_si256(_mm256_cmpgt_epi8(vlo, v), _mm256_cmpgt_epi8(vhi, v));
+        let mask = _mm256_movemask_epi8(inside) as u32;
+        for q in 0..4 {
+            let byte = (mask >> (8 * q)) as usize & 0xff;
+            // SAFETY: the table row holds 8 lane indices < 8; `n` counts the positions stored
+            // so far, fewer than the bytes before this chunk, so the 8 lanes fit the room
+            // reserved.
+            let lanes = _mm256_loadu_si256(COMPRESS_LUT[byte].as_ptr() as *const __m256i);
+            let at = _mm256_add_epi32(lanes, _mm256_set1_epi32((32 * c + 8 * q) as i32));
+            _mm256_storeu_si256(dst.add(n) as *mut __m256i, at);
+            n += byte.count_ones() as usize;
+        }
+    }
+    let first = bytes.len() - tail.len();
+    for (i, &b) in tail.iter().enumerate() {
+        // SAFETY: as above, one lane.
+        dst.add(n).write((first + i) as u32);
+        n += usize::from(lo <= b && b < hi);
+    }
+    // SAFETY: the first `n` lanes past `len` were written.
+    out.set_len(len + n);
+}
+
+/// See [`super::rungs`]: its loop compiled for AVX2 (8 blocks a step, where the base ISA's
+/// took 4).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
+pub(super) unsafe fn rungs(block_max: &[f32], s2: f32, m2: f32, last: f32, out: &mut [u8]) {
+    super::rungs_with(block_max, s2, m2, last, out);
+}
+
 /// See [`super::rounded_increments`]: its loop compiled for AVX2.
 ///
 /// # Safety

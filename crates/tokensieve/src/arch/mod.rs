@@ -641,6 +641,44 @@ pub fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, out: &mu
     }
 }
 
+/// `out[i] = floor(clamp(v, 0, last))` or one less, as a byte, for a lower bound `v` on
+/// `m2 - block_max[i] · s2` (the rungs of [`NearSums`](crate::convention::llama_cpp::dense)):
+/// `p = fl32(block_max[i] · s2)` clamped at -1e30, `v = fl32(m2 - p)` less
+/// `2^-19 (|p| + |m2|)`. The same bytes on every ISA (f32 operations as written, no fused
+/// multiply-add).
+pub(crate) fn rungs(block_max: &[f32], s2: f32, m2: f32, last: f32, out: &mut [u8]) {
+    assert_eq!(block_max.len(), out.len(), "rungs: length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    if caps().isa == Isa::Avx2 {
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
+        return unsafe { avx2::rungs(block_max, s2, m2, last, out) };
+    }
+    rungs_with(block_max, s2, m2, last, out);
+}
+
+/// [`rungs`]' loop, inlined into each caller (compiled with its features).
+#[inline(always)]
+pub(crate) fn rungs_with(block_max: &[f32], s2: f32, m2: f32, last: f32, out: &mut [u8]) {
+    for (k, &bm) in out.iter_mut().zip(block_max) {
+        let p = (bm * s2).max(-1e30);
+        let v = (m2 - p) - (p.abs() + m2.abs()) * (1.0 / 524_288.0);
+        // The integer part without a (scalarised, saturating) conversion: added to 1.5·2^23,
+        // a value in [-0.5, 127] rounds to an integer in the low mantissa bits. Rounding
+        // `v - 0.5` gives `floor(v)` or one less, never more.
+        *k = ((v.max(0.0).min(last) - 0.5) + 12_582_912.0).to_bits() as u8;
+    }
+}
+
+/// Appends to `out` the positions `i` (ascending) of the `bytes` with `lo <= bytes[i] < hi`.
+pub(crate) fn positions_in_range(bytes: &[u8], lo: u8, hi: u8, out: &mut Vec<u32>) {
+    #[cfg(target_arch = "x86_64")]
+    if caps().isa == Isa::Avx2 {
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
+        return unsafe { avx2::positions_in_range(bytes, lo, hi, out) };
+    }
+    out.extend((0..bytes.len() as u32).filter(|&i| (lo..hi).contains(&bytes[i as usize])));
+}
+
 /// The first index `i` with `values[i] == x` (`==`: `-0.0` matches `0.0`, NaN nothing).
 pub(crate) fn position_eq(values: &[f32], x: f32) -> Option<usize> {
     match caps().isa {
@@ -1915,6 +1953,61 @@ mod tests {
             let row: Vec<f32> = (0..n).map(|i| [1.5f32, -0.0, f32::NAN, 2.0][i % 4] + (i / 4) as f32).collect();
             for x in [1.5f32, 0.0, -0.0, f32::NAN, 2.0, 3.0, 11.5, 99.0] {
                 assert_eq!(position_eq(&row, x), row.iter().position(|&v| v == x), "n = {n}, x = {x}");
+            }
+        }
+    }
+
+    /// [`positions_in_range`] as the obvious filter, appended after what `out` held: lengths
+    /// around the 32 bytes a compare takes, every range (empty ones too) over values that
+    /// reach both ends of a byte.
+    #[test]
+    fn positions_in_range_are_the_obvious_filter() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for len in (0..70).chain([127, 128, 129, 500, 1000]) {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    [0u8, 1, 21, 22, 23, 127, 128, 200, 254, 255][(state >> 60) as usize % 10]
+                })
+                .collect();
+            for (lo, hi) in
+                [(0u8, 0u8), (0, 1), (0, 22), (21, 23), (22, 22), (23, 21), (0, 255), (127, 129), (200, 255), (1, 254)]
+            {
+                let want: Vec<u32> =
+                    [7].into_iter().chain((0..len as u32).filter(|&i| (lo..hi).contains(&bytes[i as usize]))).collect();
+                let mut got = vec![7u32];
+                positions_in_range(&bytes, lo, hi, &mut got);
+                assert_eq!(got, want, "len {len}, range {lo}..{hi}");
+            }
+        }
+    }
+
+    /// [`rungs`] (the AVX2 kernel where detected) gives its portable loop's bytes: block maxima
+    /// of every magnitude and sign, `-inf` and the row's maximum itself, at lengths around the
+    /// lane width.
+    #[test]
+    fn rungs_are_the_portable_loop_s() {
+        let mut state = 0x6a09_e667_f3bc_c908u64;
+        for len in (0..40).chain([500, 2004]) {
+            let maxima: Vec<f32> = (0..len)
+                .map(|i| {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let x = ((state >> 40) as f32 / (1u64 << 24) as f32) * 80.0 - 70.0;
+                    match i % 7 {
+                        0 => f32::NEG_INFINITY,
+                        1 => 10.0,
+                        2 => x * 1e6,
+                        _ => x,
+                    }
+                })
+                .collect();
+            for (t, max) in [(0.8f32, 10.0f32), (1.0, 10.0), (0.05, 1e6), (3.0, -5.0)] {
+                let (s2, m2) = (2.0 / t, 2.0 * max);
+                let (mut got, mut want) = (vec![0u8; len], vec![0u8; len]);
+                rungs(&maxima, s2, m2, 127.0, &mut got);
+                rungs_with(&maxima, s2, m2, 127.0, &mut want);
+                assert_eq!(got, want, "len {len}, t {t}, max {max}");
+                assert!(got.iter().all(|&k| k <= 127));
             }
         }
     }

@@ -191,6 +191,8 @@ pub(crate) struct Scratch {
     pub(crate) bottom: crate::convention::transformers::bottom::BottomScratch,
     /// How far below the maximum every block's weights lie ([`NearSums`]).
     rungs: Vec<u8>,
+    /// `far_at[k]`: the bound [`NearSums::widen`] gives the blocks on rungs `>= k` together.
+    far_at: Vec<f64>,
     /// Indices of the blocks [`NearSums::widen`] exponentiates.
     near: Vec<u32>,
     /// Per-block sums of the cheap upper bounds of the weights ([`NearSums`]' middle tier).
@@ -2506,6 +2508,8 @@ const RUNGS: usize = 128;
 /// the far tier's cut takes the whole mass and every other block is exponentiated.
 pub(crate) struct NearSums {
     hist: [u32; RUNGS],
+    /// One above the highest rung holding a block (0 for none).
+    top: usize,
     /// The blocks on rungs `>= cut` are not exponentiated (yet).
     cut: usize,
     /// The bound on any run of the exponentiated blocks.
@@ -2529,6 +2533,21 @@ struct CheapTier {
 /// The share of a mass [`NearSums::widen`] gives the far tier (the rest goes to the cheap one).
 const FAR_SHARE: f64 = 0.5;
 
+/// What [`NearSums::widen`] counts for each block on rung `k`: `BLOCK · e^(-k/2)`, with
+/// `expf`'s rounding (under an ulp) and the recurrence's (2^-40 per step) on top, from the far
+/// end down. PERF: a table, where the recurrence ran in the loop over the rungs: a chain of
+/// dependent multiplies on every try.
+static FAR_BOUNDS: std::sync::LazyLock<[f64; RUNGS]> = std::sync::LazyLock::new(|| {
+    let step = 0.5f64.exp() * (1.0 + 1.0 / (1u64 << 40) as f64);
+    let mut bound = (-((RUNGS - 1) as f64) / 2.0).exp() * (1.0 + 1.0 / 4_194_304.0) * BLOCK as f64;
+    let mut bounds = [0.0; RUNGS];
+    for b in bounds.iter_mut().rev() {
+        *b = bound;
+        bound *= step;
+    }
+    bounds
+});
+
 impl NearSums {
     /// The rungs of the blocks of the row [`prepare`] summarised (`s.block_sums` zeroed).
     /// `None` if it was not.
@@ -2548,16 +2567,8 @@ impl NearSums {
         if !(s2.is_finite() && m2.is_finite()) {
             return None;
         }
-        let last = (RUNGS - 1) as f32;
         s.rungs.resize(nb, 0);
-        for (k, &bm) in s.rungs.iter_mut().zip(&s.block_max) {
-            let p = (bm * s2).max(-1e30);
-            let v = (m2 - p) - (p.abs() + m2.abs()) * (1.0 / 524_288.0);
-            // The integer part without a (scalarised, saturating) conversion: added to 1.5·2^23,
-            // a value in [-0.5, 127] rounds to an integer in the low mantissa bits. Rounding
-            // `v - 0.5` gives `floor(v)` or one less, never more.
-            *k = ((v.max(0.0).min(last) - 0.5) + 12_582_912.0).to_bits() as u8;
-        }
+        arch::rungs(&s.block_max, s2, m2, (RUNGS - 1) as f32, &mut s.rungs);
         // Four histograms, so that neighbouring blocks on one rung do not wait on each other's
         // increments.
         let mut hists = [[0u32; RUNGS]; 4];
@@ -2592,7 +2603,19 @@ impl NearSums {
             }
             CheapTier { interval: CheapInterval::new(rho), lowest: 256, above: 0 }
         });
-        Some(Self { hist, cut: 0, approx_err: 0.0, cheap })
+        let top = hist.iter().rposition(|&n| n > 0).map_or(0, |k| k + 1);
+        // From the far end, as `widen` moves its cut: each rung's blocks at their bound
+        // ([`FAR_BOUNDS`]); the empty rungs above `top` add nothing. PERF: once per row, where
+        // each try summed them again (a chain of dependent additions).
+        let bounds = &*FAR_BOUNDS;
+        s.far_at.clear();
+        s.far_at.resize(RUNGS + 1, 0.0);
+        let mut far = 0.0f64;
+        for k in (0..top).rev() {
+            far += hist[k] as f64 * bounds[k];
+            s.far_at[k] = far;
+        }
+        Some(Self { hist, top, cut: 0, approx_err: 0.0, cheap })
     }
 
     /// Moves the cuts until the blocks not exponentiated may hold at most `far_mass` (never
@@ -2603,48 +2626,19 @@ impl NearSums {
         // exponentiated below).
         let cheap_new = self.cheap.is_some() && far_mass > 0.0;
         let far_budget = if cheap_new { far_mass * FAR_SHARE } else { far_mass };
-        // From the far end: each rung's blocks at `BLOCK · e^(-k/2)`, with `expf`'s rounding
-        // (under an ulp) and the recurrence's (2^-40 per step) on top.
-        let step = 0.5f64.exp() * (1.0 + 1.0 / (1u64 << 40) as f64);
-        let mut bound = (-((RUNGS - 1) as f64) / 2.0).exp() * (1.0 + 1.0 / 4_194_304.0) * BLOCK as f64;
-        let (mut far, mut cut) = (0.0f64, RUNGS);
-        for k in (self.cut..RUNGS).rev() {
-            let mass = far + self.hist[k] as f64 * bound;
-            if mass > far_budget {
-                break;
-            }
-            (far, cut) = (mass, k);
-            bound *= step;
+        // The far tier: the rungs from the far end down while their blocks' bound
+        // (`s.far_at`, which only grows on the way down) fits the budget.
+        let mut cut = self.top.max(self.cut);
+        while cut > self.cut && s.far_at[cut - 1] <= far_budget {
+            cut -= 1;
         }
+        let far = s.far_at[cut];
         if cut > self.cut {
-            // The blocks between the cuts, in order, 8 at a time: rungs are below 128, so a
-            // byte's top bit after adding `128 - c` says whether it is `>= c`, without carries
-            // between bytes (no branch per block).
-            let ones = u64::from_le_bytes([1; 8]);
-            let (ge_lo, ge_hi) = (ones * (128 - self.cut) as u64, ones * (128 - cut) as u64);
-            // Into a local list (room for every block was reserved), so that nothing is
-            // reloaded per block.
-            let mut near = std::mem::take(&mut s.near);
-            near.clear();
-            let mut list = |c: usize, w: u64| {
-                let mut mask = (w + ge_lo) & !(w + ge_hi) & (ones << 7);
-                while mask != 0 {
-                    near.push((c * 8) as u32 + mask.trailing_zeros() / 8);
-                    mask &= mask - 1;
-                }
-            };
-            let chunks = s.rungs.chunks_exact(8);
-            let rest = chunks.remainder();
-            let whole = s.rungs.len() / 8;
-            for (c, rungs) in chunks.enumerate() {
-                list(c, u64::from_le_bytes(rungs.try_into().expect("8 rungs")));
-            }
-            if !rest.is_empty() {
-                let mut bytes = [(RUNGS - 1) as u8; 8]; // far padding
-                bytes[..rest.len()].copy_from_slice(rest);
-                list(whole, u64::from_le_bytes(bytes));
-            }
-            s.near = near;
+            // The blocks between the cuts, in order. PERF: 32 rungs per compare and no branch
+            // per block, where a loop over 8 rungs at a time and their set bits mispredicted
+            // its exits.
+            s.near.clear();
+            arch::positions_in_range(&s.rungs, self.cut as u8, cut as u8, &mut s.near);
             self.cut = cut;
             match &mut self.cheap {
                 Some(tier) if cheap_new => tier.add(r, t, max, s),
