@@ -2533,10 +2533,11 @@ struct CheapTier {
 /// The share of a mass [`NearSums::widen`] gives the far tier (the rest goes to the cheap one).
 const FAR_SHARE: f64 = 0.5;
 
-/// What [`NearSums::widen`] counts for each block on rung `k`: `BLOCK · e^(-k/2)`, with
-/// `expf`'s rounding (under an ulp) and the recurrence's (2^-40 per step) on top, from the far
-/// end down. PERF: a table, where the recurrence ran in the loop over the rungs: a chain of
-/// dependent multiplies on every try.
+/// What the far tier counts for each block on rung `k` (summed into `s.far_at` by
+/// [`NearSums::new`]): `BLOCK · e^(-k/2)`, with `expf`'s rounding (under an ulp) and the
+/// recurrence's (2^-40 per step) on top, from the far end down. PERF: a table, where the
+/// recurrence ran in `widen`'s loop over the rungs, a chain of dependent multiplies on every
+/// try.
 static FAR_BOUNDS: std::sync::LazyLock<[f64; RUNGS]> = std::sync::LazyLock::new(|| {
     let step = 0.5f64.exp() * (1.0 + 1.0 / (1u64 << 40) as f64);
     let mut bound = (-((RUNGS - 1) as f64) / 2.0).exp() * (1.0 + 1.0 / 4_194_304.0) * BLOCK as f64;
