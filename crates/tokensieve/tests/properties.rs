@@ -109,9 +109,11 @@ fn invariants(spec: &str, row: &[f32], s: &Snap) -> TestResult {
     invariants_with(spec, row, s, true)
 }
 
-/// As [`invariants`]; `check_sorted = false` skips the sorted-flag check, for chains where a
-/// `logit_bias` after a sorting stage leaves the flag stale on purpose (llama.cpp does, and
-/// later stages trust it; see the golden README's `stale_sorted`).
+/// As [`invariants`]; `check_sorted = false` is for chains where a `logit_bias` after a sorting
+/// stage may leave the flag stale on purpose (llama.cpp does, and later stages trust it; see
+/// the golden README's `stale_sorted`): it skips the sorted-flag check, and the check that the
+/// selected candidate is not masked (`dist` then takes a masked first entry as the maximum, and
+/// falls back to the last candidate, whatever it holds, as llama.cpp does).
 fn invariants_with(spec: &str, row: &[f32], s: &Snap, check_sorted: bool) -> TestResult {
     let v = row.len();
     prop_assert!(!s.cands.is_empty(), "{spec}: no candidate left");
@@ -128,7 +130,7 @@ fn invariants_with(spec: &str, row: &[f32], s: &Snap, check_sorted: bool) -> Tes
     }
     if let Some(i) = s.selected {
         prop_assert!(i < s.cands.len(), "{spec}: selected index {i} out of {}", s.cands.len());
-        prop_assert!(s.cands[i].logit.is_finite(), "{spec}: selected a masked candidate");
+        prop_assert!(s.cands[i].logit.is_finite() || !check_sorted, "{spec}: selected a masked candidate");
     }
     Ok(())
 }
@@ -558,7 +560,10 @@ fn mirostat_steps(row: &[f32], tau: f32, eta: f32, which: Miro, seed: u32, tally
             prop_assert_eq!(out.set.len(), v, "{} step {}: the whole row kept (mu {})", spec, step, mu);
             let probs = oracle::softmax(&out.set);
             let sel = out.set.iter().position(|c| c.0 == token).expect("every token is kept");
-            prop_assert!((s.cands[0].p as f64 - probs[sel]).abs() <= 1e-5 * probs[sel], "{}: p", spec);
+            // llama.cpp's f32 softmax: a sequential f32 sum of `v` weights errs by at most
+            // `(v - 1)·2^-24` of it, `expf` and the division by an ulp or so each.
+            let tol = (v as f64 + 4.0) * 2f64.powi(-24) * probs[sel];
+            prop_assert!((s.cands[0].p as f64 - probs[sel]).abs() <= tol, "{}: p", spec);
             (probs, sel)
         } else {
             prop_assert_eq!(s.cands.len(), out.set.len(), "{} step {}: size (mu {})", spec, step, mu);

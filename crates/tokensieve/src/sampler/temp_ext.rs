@@ -21,6 +21,14 @@
 //! `powf(0, exponent)` is `+inf` when one candidate holds all the mass, which makes `dyn_t`
 //! infinite and the logits NaN in llama.cpp. Omitted `delta` and `exponent` default to
 //! llama.cpp's `common` defaults, 0 and 1.
+//!
+//! And where `dyn_t` is positive but so small that the maximum logit divided by it overflows
+//! to `+inf` (`min_t = 0`, a nearly certain row, an `exponent` above 1: `powf` of a tiny
+//! entropy can fall below `1e-38`), tokensieve takes `dyn_t = 0`, the limit it is near: every
+//! logit but the first maximum becomes `-inf` and the maximum keeps its value and `p = 1`.
+//! llama.cpp divides: the maximum becomes `+inf`, every recomputed `p` NaN, and its `dist` then
+//! selects the *last* candidate of the sorted array, the least likely token (its debug builds
+//! assert there).
 
 use super::{require_finite, BuildContext, FromSpec, Sampler};
 use crate::candidates::Candidates;
@@ -102,7 +110,12 @@ impl Sampler for TempExt {
             }
         }
         let normalized = entropy / max_entropy;
-        let dyn_t = min_t + (max_t - min_t) * normalized.powf(self.exponent);
+        let mut dyn_t = min_t + (max_t - min_t) * normalized.powf(self.exponent);
+        // The array is sorted: its first logit is the maximum. A temperature so near 0 that the
+        // maximum divided by it overflows is taken as 0 (see the module docs).
+        if dyn_t > 0.0 && c.as_slice()[0].logit / dyn_t == f32::INFINITY {
+            dyn_t = 0.0;
+        }
         llama_cpp::temperature(c, dyn_t);
 
         let data = c.as_mut_slice();
@@ -159,6 +172,30 @@ mod tests {
         assert_eq!(c.as_slice()[1].logit, f32::NEG_INFINITY);
         assert_eq!(c.as_slice()[0].p, 1.0);
         assert_eq!(c.as_slice()[1].p, 0.0);
+    }
+
+    #[test]
+    fn a_temperature_that_overflows_the_maximum_is_zero() {
+        // H ≈ 43·e^-43 ≈ 1e-17 nats, so dyn_t = 0.39 · (H / ln 2)^2.23 ≈ 1.3e-38: 4.97 / dyn_t
+        // overflows. The maximum stays, finite, with all the mass (llama.cpp: +inf, p NaN).
+        let mut c = Candidates::from_logits(&[-37.95398, 4.9707556]).unwrap();
+        TempExt::new(0.0, 0.3943745, 2.2268214).unwrap().apply(&mut c).unwrap();
+        let s = c.as_slice();
+        assert_eq!((s[0].id, s[0].logit, s[0].p), (1, 4.9707556, 1.0));
+        assert_eq!((s[1].id, s[1].logit, s[1].p), (0, f32::NEG_INFINITY, 0.0));
+        // A dist after it draws the maximum.
+        let mut chain = crate::Chain::from_spec(
+            "temp_ext(0,0.3943745,2.2268214);dist",
+            &crate::sampler::BuildContext::new(2, crate::RngConfig::philox(7)),
+        )
+        .unwrap();
+        for _ in 0..4 {
+            assert_eq!(chain.sample(&[-37.95398f32, 4.9707556][..]).unwrap(), 1);
+        }
+        // A temperature that does not overflow still divides.
+        let mut c = Candidates::from_logits(&[-37.95398, 4.9707556]).unwrap();
+        TempExt::new(0.0, 0.3943745, 0.5).unwrap().apply(&mut c).unwrap();
+        assert!(c.as_slice()[0].logit.is_finite() && c.as_slice()[0].logit > 4.9707556);
     }
 
     #[test]
