@@ -5,6 +5,12 @@
 //! (strict `>`) and sets every other logit to `-inf` **without removing it** (the array size is
 //! unchanged). A negative temperature therefore means greedy, as in llama.cpp. `t = +inf` is
 //! rejected (llama.cpp would produce NaN for `-inf / inf`).
+//!
+//! A positive `t` so small that a logit divided by it overflows gives `+inf`, as in llama.cpp,
+//! whose later softmaxes are then NaN (and its `dist` falls back to the last candidate). That
+//! takes `|logit| > t · 3.4e38`, which no chosen temperature comes near; the dynamic one of
+//! [`temp_ext`](super::temp_ext), which `powf` can drive to `1e-38`, is taken as 0 there
+//! instead.
 
 use super::{require_finite, BuildContext, FromSpec, Sampler};
 use crate::candidates::Candidates;
