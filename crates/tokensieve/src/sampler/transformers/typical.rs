@@ -82,7 +82,9 @@ impl Typical {
     /// finite scores, or (where their mass stays below `mass`) at a `+inf` score, which
     /// removes nothing, as the view's own last score does. What the view cannot give is
     /// torch's order among equal finite scores, which comes from sorting the dense row: a
-    /// view with any declines.
+    /// view with any declines. So does a view with a finite logit whose score is `+inf` (it
+    /// lies more than `f32::MAX` below the maximum, so `z - max` is `-inf`): it ties with the
+    /// left-out tokens, and `min_tokens_to_keep` may keep either, by the dense row's order.
     fn remove_atypical(&self, c: &mut Candidates) -> bool {
         let max = max_logit(&c.data);
         if !max.is_finite() {
@@ -110,7 +112,8 @@ impl Typical {
             p: 0.0,
         }));
         sort_ascending(&mut buf);
-        if c.sparse && buf.windows(2).any(|w| w[0].logit == w[1].logit && w[0].logit.is_finite()) {
+        let tied = |w: &[TokenData]| w[0].logit == w[1].logit && w[0].logit.is_finite();
+        if c.sparse && (buf.windows(2).any(tied) || buf.iter().any(|t| t.logit == f32::INFINITY)) {
             c.scratch = buf;
             return false;
         }
