@@ -71,6 +71,39 @@ fn batch_mode_and_every_row_shape_run() {
 }
 
 #[test]
+fn a_batch_on_several_threads_reports_its_speedup_over_one() {
+    let bench = |threads: &str| {
+        let (code, stdout, stderr) = run(&[
+            "bench",
+            "--vocab",
+            "2048",
+            "--batch",
+            "4",
+            "--threads",
+            threads,
+            "--seconds",
+            "0.01",
+            "--json",
+            "--chain",
+            "top_k(40);temperature(0.8);dist",
+            "--chain",
+            "logprobs(5)",
+        ]);
+        assert_eq!(code, 0, "{stderr}");
+        stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON object per line")).collect::<Vec<Value>>()
+    };
+    let two = bench("2");
+    assert_eq!(two.len(), 2);
+    for l in &two {
+        assert_eq!(l["threads"], 2);
+        let speedup = l["speedup_vs_1_thread"].as_f64().unwrap_or_else(|| panic!("no speed-up in {l}"));
+        assert!(speedup.is_finite() && speedup > 0.0, "{l}");
+    }
+    // One thread has nothing to compare with.
+    assert!(bench("1").iter().all(|l| l.get("speedup_vs_1_thread").is_none()));
+}
+
+#[test]
 fn the_transformers_convention_runs_its_own_default_table() {
     let (code, stdout, stderr) =
         run(&["bench", "--convention", "transformers", "--vocab", "2000", "--seconds", "0.01", "--json"]);

@@ -17,7 +17,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "B", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub batch: u64,
 
-    /// Worker threads for batch mode (a rayon pool of this size).
+    /// Worker threads for batch mode (a rayon pool of this size; the timing loop runs on one
+    /// of them). With T > 1 the same batch is also sampled by a plain loop on one thread,
+    /// interleaved, and the speed-up is printed (`speedup_vs_1_thread` in --json).
     #[arg(long, value_name = "T", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
     pub threads: u64,
 

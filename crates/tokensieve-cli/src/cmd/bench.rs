@@ -5,6 +5,9 @@
 //! same cache and clock state; the ratio is chain median / floor median. Every chain samples
 //! the same row over and over, accepting each token (penalty windows and RNG steps move as in
 //! generation). A chain with `penalties` first gets a 64-token history before timing starts.
+//! A batch on `T > 1` threads is timed from one of the pool's threads (the caller among the
+//! `T`, as an engine's worker calls `batch::sample`), beside the same batch sampled by a plain
+//! loop on that thread, for the speed-up over one thread.
 
 use crate::args::InputArgs;
 use crate::args::{BenchArgs, DtypeArg, RowsArg};
@@ -61,6 +64,10 @@ struct Line<'a> {
     floor_us: f64,
     ratio: f64,
     tokens_per_s: f64,
+    /// Batch mode with more than one thread: the one-thread median (the same rows sampled by
+    /// a plain loop on the calling thread, timed interleaved) over this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speedup_vs_1_thread: Option<f64>,
     path: String,
     isa: String,
     convention: &'a str,
@@ -155,7 +162,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
             let m = match w {
                 Workload::Chain(c) => measure_chain(c, convention, &rows, &typed, &pool, args.seconds)?,
-                Workload::Logprobs(n) => measure_logprobs(*n, &rows, &typed, &pool, args.seconds),
+                Workload::Logprobs(n) => measure_logprobs(*n, &rows, &typed, &pool, args.seconds)?,
             };
             let ratio = m.median_us / m.floor_us;
             let line = Line {
@@ -168,6 +175,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 floor_us: round3(m.floor_us),
                 ratio: round3(ratio),
                 tokens_per_s: (1e6 / m.median_us).round(),
+                speedup_vs_1_thread: m.one_thread_us.map(|one| round3(one / m.median_us)),
                 path: m.path,
                 isa: isa.clone(),
                 convention: &args.convention,
@@ -180,8 +188,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             let text = if args.json {
                 serde_json::to_string(&line)?
             } else {
+                let scaling = line
+                    .speedup_vs_1_thread
+                    .map(|x| format!("  ({x:.2}x the throughput of 1 thread)"))
+                    .unwrap_or_default();
                 format!(
-                    "{:<88} {:>10.1} {:>10.1} {:>10.1} {:>6.2}x  {}",
+                    "{:<88} {:>10.1} {:>10.1} {:>10.1} {:>6.2}x  {}{scaling}",
                     spec, line.median_us, line.p90_us, line.floor_us, line.ratio, line.path
                 )
             };
@@ -242,24 +254,44 @@ struct Measured {
     median_us: f64,
     p90_us: f64,
     floor_us: f64,
+    /// The median of the one-thread reference, where one was timed.
+    one_thread_us: Option<f64>,
     path: String,
 }
 
-fn summarise(mut chain_us: Vec<f64>, mut floor_us: Vec<f64>, path: String) -> Measured {
-    let pick = |v: &mut Vec<f64>, q: f64| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[((v.len() - 1) as f64 * q).round() as usize]
-    };
-    Measured {
-        median_us: pick(&mut chain_us, 0.5),
-        p90_us: pick(&mut chain_us, 0.9),
-        floor_us: pick(&mut floor_us, 0.5),
-        path,
+/// What [`time_loop`] timed: µs per token of each step, and of the floor pass.
+struct Timings {
+    steps: Vec<Vec<f64>>,
+    floor: Vec<f64>,
+}
+
+impl Timings {
+    fn summarise(mut self, path: String) -> Measured {
+        let pick = |v: &mut Vec<f64>, q: f64| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[((v.len() - 1) as f64 * q).round() as usize]
+        };
+        let one_thread_us = self.steps.get_mut(1).map(|one| pick(one, 0.5));
+        let chain = &mut self.steps[0];
+        Measured {
+            median_us: pick(chain, 0.5),
+            p90_us: pick(chain, 0.9),
+            floor_us: pick(&mut self.floor, 0.5),
+            one_thread_us,
+            path,
+        }
     }
 }
 
-/// Times `step` (returning the tokens it produced) interleaved with the floor pass.
-fn time_loop(seconds: f64, rows: &[Vec<f32>], mut step: impl FnMut() -> Result<()>) -> Result<(Vec<f64>, Vec<f64>)> {
+/// A timed step: one token per row of `rows`.
+type Step<'a> = &'a mut dyn FnMut() -> Result<()>;
+
+/// Times each of `steps` interleaved with the floor pass (one floor pass, then each step
+/// once, repeated), so that all see the same cache and clock state. The steps take turns at
+/// going first after the floor pass: at a batch's size (64 rows of 128k are 32 MiB) the one
+/// that follows it finds more of the rows still in L3, which moved a two-thread batch's
+/// speed-up over one thread between 1.55x and 1.7x (Zen 3) with the order fixed either way.
+fn time_loop(seconds: f64, rows: &[Vec<f32>], steps: &mut [Step<'_>]) -> Result<Timings> {
     let per_token = rows.len() as f64;
     let floor = || {
         let t = Instant::now();
@@ -272,18 +304,25 @@ fn time_loop(seconds: f64, rows: &[Vec<f32>], mut step: impl FnMut() -> Result<(
     let mut n = 0;
     while start.elapsed() < WARM_UP || n < 5 {
         floor();
-        step()?;
+        for step in steps.iter_mut() {
+            step()?;
+        }
         n += 1;
     }
-    let (mut chain_us, mut floor_us) = (Vec::new(), Vec::new());
+    let mut timings = Timings { steps: vec![Vec::new(); steps.len()], floor: Vec::new() };
     let start = Instant::now();
-    while (start.elapsed().as_secs_f64() < seconds || chain_us.len() < MIN_SAMPLES) && chain_us.len() < 2_000_000 {
-        floor_us.push(floor());
-        let t = Instant::now();
-        step()?;
-        chain_us.push(t.elapsed().as_secs_f64() * 1e6 / per_token);
+    while (start.elapsed().as_secs_f64() < seconds || timings.floor.len() < MIN_SAMPLES)
+        && timings.floor.len() < 2_000_000
+    {
+        let first = timings.floor.len() % steps.len();
+        timings.floor.push(floor());
+        for k in (first..steps.len()).chain(0..first) {
+            let t = Instant::now();
+            steps[k]()?;
+            timings.steps[k].push(t.elapsed().as_secs_f64() * 1e6 / per_token);
+        }
     }
-    Ok((chain_us, floor_us))
+    Ok(timings)
 }
 
 fn path_name(p: tokensieve::convention::llama_cpp::dense::Path) -> String {
@@ -353,12 +392,16 @@ fn measure_chain(
             chain.accept(((j * 7919 + 13) % v as u64) as u32);
         }
     }
-    let (chain_us, floor_us) = if rows.len() == 1 {
+    let timings = if rows.len() == 1 {
         let (chain, row) = (&mut chains[0], typed.row(rows, 0));
-        time_loop(seconds, rows, || {
-            black_box(chain.sample(row).map_err(|e| lib(format!("--chain `{spec}`"), e))?);
-            Ok(())
-        })?
+        time_loop(
+            seconds,
+            rows,
+            &mut [&mut || {
+                black_box(chain.sample(row).map_err(|e| lib(format!("--chain `{spec}`"), e))?);
+                Ok(())
+            }],
+        )?
     } else {
         let flat: Vec<f32> = rows.concat();
         let all = match typed {
@@ -368,32 +411,64 @@ fn measure_chain(
         };
         let batch_view = LogitsBatch::new(all, rows.len(), v).map_err(|e| lib("batch", e))?;
         let chains = &mut chains;
-        time_loop(seconds, rows, || {
-            let tokens = pool.install(|| batch::sample(chains, &batch_view)).map_err(|e| lib("batch", e))?;
-            for t in tokens {
-                black_box(t.map_err(|e| lib(format!("--chain `{spec}`"), e))?);
+        // The loop runs on one of the pool's threads, as an engine's own worker would call
+        // `batch::sample`: `T` threads in all, the caller among them.
+        pool.install(|| {
+            let chains = std::cell::RefCell::new(chains);
+            let mut batched = || {
+                let tokens = batch::sample(&mut chains.borrow_mut(), &batch_view).map_err(|e| lib("batch", e))?;
+                for t in tokens {
+                    black_box(t.map_err(|e| lib(format!("--chain `{spec}`"), e))?);
+                }
+                Ok(())
+            };
+            // The one-thread reference: the same chains and rows, a plain loop on this thread.
+            let mut one_by_one = || {
+                for (i, chain) in chains.borrow_mut().iter_mut().enumerate() {
+                    black_box(chain.sample(batch_view.row(i)).map_err(|e| lib(format!("--chain `{spec}`"), e))?);
+                }
+                Ok(())
+            };
+            if rayon::current_num_threads() > 1 {
+                time_loop(seconds, rows, &mut [&mut batched, &mut one_by_one])
+            } else {
+                time_loop(seconds, rows, &mut [&mut batched])
             }
-            Ok(())
         })?
     };
-    Ok(summarise(chain_us, floor_us, path_name(chains[0].last_path())))
+    Ok(timings.summarise(path_name(chains[0].last_path())))
 }
 
-fn measure_logprobs(n: usize, rows: &[Vec<f32>], typed: &Typed, pool: &rayon::ThreadPool, seconds: f64) -> Measured {
+fn measure_logprobs(
+    n: usize,
+    rows: &[Vec<f32>],
+    typed: &Typed,
+    pool: &rayon::ThreadPool,
+    seconds: f64,
+) -> Result<Measured> {
     let mut bufs: Vec<Vec<TokenLogprob>> = (0..rows.len()).map(|_| Vec::with_capacity(n + 1)).collect();
-    let (chain_us, floor_us) = time_loop(seconds, rows, || {
-        if rows.len() == 1 {
-            black_box(logprobs::raw(typed.row(rows, 0), 0, n, &mut bufs[0]));
-        } else {
+    let run = |bufs: &mut Vec<Vec<TokenLogprob>>| {
+        let bufs = std::cell::RefCell::new(bufs);
+        let mut batched = || {
             use rayon::prelude::*;
-            pool.install(|| {
-                bufs.par_iter_mut().enumerate().for_each(|(i, buf)| {
-                    black_box(logprobs::raw(typed.row(rows, i), 0, n, buf));
-                })
+            bufs.borrow_mut().par_iter_mut().enumerate().for_each(|(i, buf)| {
+                black_box(logprobs::raw(typed.row(rows, i), 0, n, buf));
             });
+            Ok(())
+        };
+        let mut one_by_one = || {
+            for (i, buf) in bufs.borrow_mut().iter_mut().enumerate() {
+                black_box(logprobs::raw(typed.row(rows, i), 0, n, buf));
+            }
+            Ok(())
+        };
+        match (rows.len(), rayon::current_num_threads()) {
+            (1, _) => time_loop(seconds, rows, &mut [&mut one_by_one]),
+            (_, 1) => time_loop(seconds, rows, &mut [&mut batched]),
+            _ => time_loop(seconds, rows, &mut [&mut batched, &mut one_by_one]),
         }
-        Ok(())
-    })
-    .unwrap_or_default();
-    summarise(chain_us, floor_us, "-".into())
+    };
+    // As for chains, a batch is timed from one of the pool's threads.
+    let timings = if rows.len() == 1 { run(&mut bufs)? } else { pool.install(|| run(&mut bufs))? };
+    Ok(timings.summarise("-".into()))
 }
