@@ -325,6 +325,16 @@ fn time_loop(seconds: f64, rows: &[Vec<f32>], steps: &mut [Step<'_>]) -> Result<
     Ok(timings)
 }
 
+/// Times a batch step, called from one of the pool's threads; beside it, on a pool of more
+/// than one thread, the same batch sampled one row after the other on this thread.
+fn time_batch(seconds: f64, rows: &[Vec<f32>], batched: Step<'_>, one_by_one: Step<'_>) -> Result<Timings> {
+    if rayon::current_num_threads() > 1 {
+        time_loop(seconds, rows, &mut [batched, one_by_one])
+    } else {
+        time_loop(seconds, rows, &mut [batched])
+    }
+}
+
 fn path_name(p: tokensieve::convention::llama_cpp::dense::Path) -> String {
     use tokensieve::convention::llama_cpp::dense::Path;
     match p {
@@ -429,11 +439,7 @@ fn measure_chain(
                 }
                 Ok(())
             };
-            if rayon::current_num_threads() > 1 {
-                time_loop(seconds, rows, &mut [&mut batched, &mut one_by_one])
-            } else {
-                time_loop(seconds, rows, &mut [&mut batched])
-            }
+            time_batch(seconds, rows, &mut batched, &mut one_by_one)
         })?
     };
     Ok(timings.summarise(path_name(chains[0].last_path())))
@@ -462,10 +468,10 @@ fn measure_logprobs(
             }
             Ok(())
         };
-        match (rows.len(), rayon::current_num_threads()) {
-            (1, _) => time_loop(seconds, rows, &mut [&mut one_by_one]),
-            (_, 1) => time_loop(seconds, rows, &mut [&mut batched]),
-            _ => time_loop(seconds, rows, &mut [&mut batched, &mut one_by_one]),
+        if rows.len() == 1 {
+            time_loop(seconds, rows, &mut [&mut one_by_one])
+        } else {
+            time_batch(seconds, rows, &mut batched, &mut one_by_one)
         }
     };
     // As for chains, a batch is timed from one of the pool's threads.
