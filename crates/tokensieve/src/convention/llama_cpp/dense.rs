@@ -216,6 +216,10 @@ pub(crate) struct Scratch {
     pub(crate) path: Path,
     /// llama-server's summation order for raw logprobs.
     pub(crate) server_order: crate::logprobs::ServerOrder,
+    /// Gathers the entries of `top_p;dist`'s exact softmax sum past the maximum's block
+    /// ([`arch::exp_sum_sequential_below`]); grown in [`certain_top_p_draw`], which every such
+    /// draw runs first, so that the exact sum never allocates.
+    collector: arch::Collector,
     /// Recent `(need, max - threshold)` pairs of [`threshold`], so that the next row (similar
     /// to the last) usually gets its threshold from one counting pass.
     gaps: [(usize, f32); 4],
@@ -2030,8 +2034,9 @@ fn top_p_dist(
     }
     let Some(Stage::Dist(d)) = stages.get_mut(at) else { return Ok(None) };
     let u = d.draw();
+    let mut sum_hi = f32::INFINITY;
     let beyond = beyond_by_block_maxima(p, max, &s.block_max)
-        || match certain_top_p_draw(p, min_keep, r, max, u, temp, s, c) {
+        || match certain_top_p_draw(p, min_keep, r, max, u, temp, &mut sum_hi, s, c) {
             Ok(token) => {
                 s.path = Path::Fast("top-p;dist");
                 return Ok(Some(Prepared::Selected(token)));
@@ -2040,7 +2045,7 @@ fn top_p_dist(
         };
     // The exact sum: the cut is certain, and so is the draw unless several entries hold the
     // chosen value.
-    let sum = arch::exp_sum_sequential(0.0, r, max, &s.block_max);
+    let sum = arch::exp_sum_sequential_below(r, max, &s.block_max, sum_hi, &mut s.collector);
     let prefix = if beyond {
         // Beyond at a lower bound of the sum is beyond at the sum (see `certain_top_p_draw`):
         // the prefix would only be gathered again to say so.
@@ -2136,7 +2141,8 @@ pub(super) fn draw_by_sorting(
 /// and returns it; its `p` is its weight over `dist`'s sum for the earliest cut the bounds
 /// allow, which is the array path's `p` when the cut is certain too.
 ///
-/// Otherwise returns why not, where known: `Short::Beyond` when the cut lies beyond
+/// Otherwise returns why not, where known, and leaves in `sum_hi` the least upper bound of the
+/// softmax sum the tries found (untouched if none): `Short::Beyond` when the cut lies beyond
 /// llama.cpp's first 256 entries for a lower bound `lo` of the softmax sum. It then does so for
 /// the sum itself and for every later try: each `fl(w / S)` falls (weakly) as `S` grows past
 /// `lo`, and so does every running f32 sum of them (rounded addition is monotone), so the mass
@@ -2149,9 +2155,11 @@ fn certain_top_p_draw(
     max: f32,
     u: f64,
     temp: Option<f32>,
+    sum_hi: &mut f32,
     s: &mut Scratch,
     c: &mut Candidates,
 ) -> std::result::Result<u32, Option<Short>> {
+    s.collector.reserve(s.block_max.len());
     let mut near = NearSums::new(r, 1.0, max, s).ok_or(None)?;
     let (mut lo, mut hi) = (1.0f32, f32::INFINITY);
     for far_mass in TOP_P_FAR_MASSES {
@@ -2159,6 +2167,7 @@ fn certain_top_p_draw(
         let (l, h) = near.sequential_sum_bounds(err, r.len(), s);
         // Both intervals hold `S`: so does their intersection.
         (lo, hi) = (lo.max(l), hi.min(h));
+        *sum_hi = hi;
         debug_assert!(lo <= hi, "disjoint bounds on one sum");
         if beyond_at(p, lo) {
             return Err(Some(Short::Beyond));
@@ -3438,13 +3447,17 @@ mod tests {
                 if let Some(t) = temp {
                     Temperature::new(t).unwrap().apply(&mut array).unwrap();
                 }
+                let softmax_sum = arch::exp_sum_sequential(0.0, row, summary.max, &s.block_max);
                 for j in 0..400 {
                     let u = (j as f64 + 0.5) / 400.0;
                     let mut want = array.clone();
                     Dist::select(&mut want, u);
                     draws += 1;
                     temp_draws += temp.is_some() as usize;
-                    match certain_top_p_draw(p, min_keep, row, summary.max, u, temp, &mut s, &mut c) {
+                    let mut sum_hi = f32::INFINITY;
+                    let drawn = certain_top_p_draw(p, min_keep, row, summary.max, u, temp, &mut sum_hi, &mut s, &mut c);
+                    assert!(softmax_sum <= sum_hi, "{name}: the sum {softmax_sum} above its bound {sum_hi}");
+                    match drawn {
                         Ok(token) => {
                             let ctx = format!("{name} top_p({p},{min_keep}) temperature {temp:?} u = {u}");
                             assert_eq!(Some(token), want.selected_token(), "{ctx}");
