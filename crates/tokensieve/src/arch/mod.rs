@@ -842,9 +842,10 @@ pub fn exp_sum_sequential(start: f32, row: &[f32], sub: f32, block_max: &[f32]) 
     exp_sum_sequential_patched(start, row, sub, block_max, &[])
 }
 
-/// [`exp_sum_sequential`] from `+0.0` given an upper bound `hi` of its result: the same bits,
-/// sooner where `hi` shows the sum's last binade early. The sum only grows; once it has added
-/// the block holding the row's largest entry it is at least that entry's weight, and if it
+/// [`exp_sum_sequential`] from `+0.0` given an upper bound `hi` of its result and the first
+/// block holding the row's largest entry (`max_block`, as [`summarize`] reports it): the same
+/// bits, sooner where `hi` shows the sum's last binade early. The sum only grows; once it has
+/// added that block it is at least that entry's weight, and if it
 /// then sits in `hi`'s binade it stays there to the end, so the rest of the row is the
 /// order-free sum of [`exp_sum_unordered_gathered`] (which also checks that no weight is a tie
 /// and that the binade is kept: `hi` only chooses the path); else, or where that declines, the
@@ -858,18 +859,18 @@ pub(crate) fn exp_sum_sequential_below(
     row: &[f32],
     sub: f32,
     block_max: &[f32],
+    max_block: usize,
     hi: f32,
     collector: &mut Collector,
 ) -> f32 {
     check_sum_args("exp_sum_sequential_below", row, block_max, &[]);
     let binade = |x: f32| x.to_bits() >> 23;
-    let top = block_max.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &m)| if m > b.1 { (i, m) } else { b });
-    let split = ((top.0 + 1) * BLOCK).min(row.len());
+    let split = ((max_block + 1) * BLOCK).min(row.len());
     if !(hi.is_finite() && hi > 0.0 && caps().exact_exp) || split == row.len() {
         return exp_sum_sequential(0.0, row, sub, block_max);
     }
     let (head, rest) = row.split_at(split);
-    let (head_max, rest_max) = block_max.split_at(top.0 + 1);
+    let (head_max, rest_max) = block_max.split_at(max_block + 1);
     let start = exp_sum_sequential(0.0, head, sub, head_max);
     if binade(start) == binade(hi) {
         if let Some(sum) = exp_sum_unordered_gathered(collector, start, rest, sub, rest_max) {
@@ -2342,9 +2343,9 @@ mod tests {
             let plain = r.iter().fold(0.0f32, |sum, &x| sum + (x - sub).exp());
             let hi = [plain, plain.next_up(), plain * 1.01, plain * 4.0, plain * 0.75, f32::INFINITY][bound];
             let mut bm = Vec::new();
-            portable::summarize(&r, &mut bm);
+            let summary = portable::summarize(&r, &mut bm);
             let mut collector = Collector::default();
-            let below = exp_sum_sequential_below(&r, sub, &bm, hi, &mut collector);
+            let below = exp_sum_sequential_below(&r, sub, &bm, summary.max_block, hi, &mut collector);
             prop_assert_eq!(below.to_bits(), plain.to_bits(), "hi = {}", hi);
         }
 

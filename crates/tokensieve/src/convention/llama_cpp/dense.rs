@@ -2045,7 +2045,7 @@ fn top_p_dist(
         };
     // The exact sum: the cut is certain, and so is the draw unless several entries hold the
     // chosen value.
-    let sum = arch::exp_sum_sequential_below(r, max, &s.block_max, sum_hi, &mut s.collector);
+    let sum = arch::exp_sum_sequential_below(r, max, &s.block_max, summary.max_block, sum_hi, &mut s.collector);
     let prefix = if beyond {
         // Beyond at a lower bound of the sum is beyond at the sum (see `certain_top_p_draw`):
         // the prefix would only be gathered again to say so.
