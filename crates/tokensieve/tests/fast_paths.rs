@@ -1256,6 +1256,54 @@ fn llama_cpp_penalties_over_long_windows() {
     assert!(fast * 10 >= steps * 9, "the fast path ran in only {fast} of {steps} steps");
 }
 
+/// Penalties before `top_k` on nearly flat rows (N(0, 0.05²), as the bench's), where every
+/// sampled token is one of the top few dozen and a penalty pushes it far down: the fast path
+/// lowers the maxima of the blocks holding them ([`lower_block_maxima`] in the convention)
+/// and keeps doing so from token to token. Both conventions, checked against the array path
+/// at every step, with the default window and a history of the row's top tokens too, and with
+/// rows that change from step to step (the lowered maxima must not outlive their row).
+#[test]
+fn penalties_on_nearly_flat_rows() {
+    let mut tally = Tally::default();
+    for (case, &v) in [32_000usize, 4_097, 128_256].iter().enumerate() {
+        let rows: Vec<Vec<f32>> = (0..3)
+            .map(|i| generate::row(RowKind::Gaussian, v, 31 + 3 * case as u64 + i).iter().map(|x| x / 60.0).collect())
+            .collect();
+        for (j, (spec, convention)) in [
+            (
+                "penalties(64,1.1,0.1,0.1);top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist",
+                tokensieve::Convention::LlamaCpp,
+            ),
+            ("penalties(64,1.5,0,0);top_k(5);dist", tokensieve::Convention::LlamaCpp),
+            ("repetition_penalty(1.3);temperature(0.8);top_k(40);dist", tokensieve::Convention::Transformers),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let ctx = BuildContext::new(v, RngConfig::philox(j as u64)).with_convention(convention);
+            let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+            let mut stages = chain.stages().to_vec();
+            let mut order: Vec<u32> = (0..v as u32).collect();
+            order.sort_by(|&a, &b| rows[0][b as usize].total_cmp(&rows[0][a as usize]));
+            for t in order.iter().take(30).copied() {
+                chain.accept(t);
+                stages.iter_mut().for_each(|s| s.accept(t));
+            }
+            for step in 0..120 {
+                // The same row for a while (the sampled tokens pile up at its top), then others.
+                let row = &rows[if step < 60 { 0 } else { step % 3 }];
+                let want = array_path(&mut stages, row).unwrap().selected_token().unwrap();
+                let got = chain.sample(row).unwrap();
+                assert_eq!(got, want, "{spec} on V = {v}, step {step}");
+                tally.note(chain.last_path());
+                stages.iter_mut().for_each(|s| s.accept(got));
+            }
+        }
+    }
+    let Tally { fast, steps, .. } = tally;
+    assert!(fast * 10 >= steps * 9, "the fast path ran in only {fast} of {steps} steps");
+}
+
 /// Leading `penalties` and `logit_bias` before a stage whose fast path reads the row without
 /// an overlay (`top_p`, `temperature`, `dist`), or a temperature before `top_p`: the edits
 /// (and the temperature) are written into a copy of the row, and the fast path runs on it, its

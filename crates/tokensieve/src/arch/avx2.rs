@@ -372,6 +372,35 @@ pub(super) unsafe fn first_eq(values: &[f32], x: f32) -> Option<usize> {
     tail.iter().position(|&v| v == x).map(|i| whole + i)
 }
 
+/// See [`super::max_except`]: 8 entries per compare, the skipped ones replaced by `-inf` (a
+/// lane's bit of `skip`, broadcast and tested against the lane's own bit).
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
+pub(super) unsafe fn max_except(block: &[f32], skip: u64) -> f32 {
+    let lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    let absent = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut acc = absent;
+    let chunks = block.chunks_exact(8);
+    let tail = chunks.remainder();
+    for (k, c) in chunks.enumerate() {
+        let bits = _mm256_set1_epi32(skip.checked_shr(8 * k as u32).unwrap_or(0) as i32 & 0xff);
+        let skipped = _mm256_cmpeq_epi32(_mm256_and_si256(bits, lane_bit), lane_bit);
+        // SAFETY: `c` holds 8 floats.
+        let x = _mm256_blendv_ps(_mm256_loadu_ps(c.as_ptr()), absent, _mm256_castsi256_ps(skipped));
+        acc = _mm256_max_ps(acc, x);
+    }
+    // The lanes' maximum: halves, then pairs, then the last two.
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let mut m = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+    let whole = block.len() - tail.len();
+    for (i, &v) in tail.iter().enumerate() {
+        if skip.checked_shr((whole + i) as u32).unwrap_or(0) & 1 == 0 && v > m {
+            m = v;
+        }
+    }
+    m
+}
+
 /// See [`super::positions_in_range`]: 32 bytes per compare, their positions left-packed 8 at
 /// a time by table (four stores of 8 per 32 bytes, whatever their count: no branch).
 ///

@@ -223,6 +223,14 @@ pub(crate) struct Scratch {
     /// Recent `(need, max - threshold)` pairs of [`threshold`], so that the next row (similar
     /// to the last) usually gets its threshold from one counting pass.
     gaps: [(usize, f32); 4],
+    /// [`lower_block_maxima`]'s edited tokens, sorted, and the blocks it lowered with their
+    /// row maxima.
+    edited_ids: Vec<u32>,
+    lowered_blocks: Vec<(u32, f32)>,
+    /// Whether the last [`gather_top_lowered`] needed the lowered maxima, and the gap that
+    /// gave its `tau` there.
+    lowered_last: bool,
+    lowered_gap: f32,
 }
 
 /// Which path the last sampling call took (see [`Chain::last_path`](crate::Chain::last_path)).
@@ -1034,32 +1042,119 @@ pub(crate) fn gather_lowered(r: &[f32], tau: f32, s: &mut Scratch, edit: &impl F
 }
 
 /// [`gather_top`] for row + edits that only lower entries ([`gather_lowered`]): a superset of
-/// its `k` largest entries, all those at or above the returned `tau`, into `s.gathered`. A
-/// `tau` that `need` entries of the row reach holds at least `need - dropped` of row + edits;
-/// where that is fewer than `k`, the next `need` is `k + dropped`, more than before (the row
-/// had at least `need` entries and kept fewer than `k`), so the search ends (`None` once the
-/// row has fewer than `need` entries).
+/// its `k` largest entries, all those at or above the returned `tau`, into `s.gathered`.
+/// `edited` lists every token the edits may touch (repeats allowed).
+///
+/// The first round takes `tau` from the row's block maxima, as if nothing were edited: right
+/// where the edits took few of the top entries away (a peaked row, whose sampled tokens stay
+/// near the top after a penalty). Where that left fewer than `k`, the maxima of the blocks
+/// holding edited tokens are lowered to those of row + edits ([`lower_block_maxima`]) for a
+/// second round, which then holds `k` (each of `k` blocks reaching `tau` has an entry of
+/// row + edits there). On a nearly flat row most of the top `k` are recently sampled tokens,
+/// pushed far down by a penalty: growing `need` by the drops instead took four rounds and
+/// gathered hundreds of entries (13.6 µs a token at V = 32,000 with the bench's penalties
+/// chain).
+///
+/// With more than `need` wanted than there are blocks, `tau` is counted on the row: a `tau`
+/// that `need` entries of the row reach holds at least `need - dropped` of row + edits; where
+/// that is fewer than `k`, the next `need` is `k + dropped`, more than before (the row had at
+/// least `need` entries and kept fewer than `k`), so the search ends (`None` once the row has
+/// fewer than `need` entries).
 pub(crate) fn gather_top_lowered(
     k: usize,
     r: &[f32],
     s: &mut Scratch,
     edit: impl Fn(u32, f32) -> Option<f32>,
+    edited: impl Iterator<Item = u32>,
 ) -> Option<f32> {
     let max = s.summary.map_or(f32::NEG_INFINITY, |m| m.max);
-    let (mut need, mut retried) = (k, false);
-    loop {
-        let tau = threshold_for(need, max, None, r, s)?;
-        let dropped = gather_lowered(r, tau, s, &edit);
+    let lowerable = k <= s.block_max.len() && s.block_max.len() == r.len().div_ceil(BLOCK);
+    let mut dropped = 0;
+    let mut seed = None;
+    if !(lowerable && s.lowered_last) {
+        let tau = threshold_for(k, max, None, r, s)?;
+        dropped = gather_lowered(r, tau, s, &edit);
+        s.lowered_last = false;
         if s.gathered.len() >= k {
             return Some(tau);
         }
-        // The second round allows for just the first's drops (a few, usually). Past it, the
-        // edits reach deep (a token sampled over and over and penalised by its count, many
-        // times over): `need` at least doubles, so the rounds, each a gather of about `need`
-        // entries, cost about twice the last. PERF: `k + dropped` at every round took 37 µs a
-        // token at V = 32,000 with the bench's chain and a window of 8,192 sampled tokens.
-        need = if retried { (k + dropped).max(2 * need) } else { k + dropped };
-        retried = true;
+        seed = Some((max - tau).max(1e-6));
+    }
+    if lowerable {
+        lower_block_maxima(r, s, &edit, edited);
+        // Not from the remembered gap, which is the untouched row's, nor remembered.
+        let tau = threshold_near(k, max, Some(seed.unwrap_or(s.lowered_gap)), s);
+        if let Some(tau) = tau {
+            gather_lowered(r, tau, s, &edit);
+            s.lowered_gap = (max - tau).max(1e-6);
+        }
+        // Rows change little from token to token: where an edit took a block that reached
+        // `tau` below it, the next row starts with the lowered maxima too.
+        let bm = &mut s.block_max;
+        s.lowered_last = tau.is_some_and(|tau| s.lowered_blocks.iter().any(|&(b, m)| m >= tau && bm[b as usize] < tau));
+        for &(b, m) in &s.lowered_blocks {
+            bm[b as usize] = m;
+        }
+        debug_assert!(tau.is_none() || s.gathered.len() >= k);
+        return tau;
+    }
+    let mut need = k + dropped;
+    loop {
+        let tau = threshold_for(need, max, None, r, s)?;
+        let before = need;
+        dropped = gather_lowered(r, tau, s, &edit);
+        if s.gathered.len() >= k {
+            return Some(tau);
+        }
+        // Past the second round the edits reach deep (a token sampled over and over and
+        // penalised by its count, many times over): `need` at least doubles, so the rounds,
+        // each a gather of about `need` entries, cost about twice the last.
+        need = (k + dropped).max(2 * before);
+    }
+}
+
+/// Lowers the block maxima in `s.block_max` of the blocks holding a token of `edited` (ids
+/// past the row are skipped) to the maxima of row + edits there, and lists each such block
+/// with its row maximum in `s.lowered_blocks`, for the caller to put back. One `edit` per
+/// edited token, and a read of its block.
+fn lower_block_maxima(
+    r: &[f32],
+    s: &mut Scratch,
+    edit: &impl Fn(u32, f32) -> Option<f32>,
+    edited: impl Iterator<Item = u32>,
+) {
+    let list = &mut s.edited_ids;
+    list.clear();
+    list.extend(edited.filter(|&id| (id as usize) < r.len()));
+    list.sort_unstable();
+    list.dedup();
+    s.lowered_blocks.clear();
+    let mut at = 0;
+    while at < list.len() {
+        let b = list[at] as usize / BLOCK;
+        let start = b * BLOCK;
+        let block = &r[start..(start + BLOCK).min(r.len())];
+        // The edited entries' new values, and a mask of where they are: the rest of the block
+        // is read as it is, without them (PERF: writing the edits into a copy of the block and
+        // reading it back stalled on store forwarding).
+        let first = at;
+        while list.get(at).is_some_and(|&id| id as usize / BLOCK == b) {
+            at += 1;
+        }
+        let ids = &list[first..at];
+        if ids.iter().all(|&id| r[id as usize] < s.block_max[b]) {
+            // The block's maximum is not edited: it stays.
+            continue;
+        }
+        let (mut edited_max, mut mask) = (f32::NEG_INFINITY, 0u64);
+        for &id in ids {
+            let z = r[id as usize];
+            edited_max = edited_max.max(edit(id, z).unwrap_or(z));
+            mask |= 1 << (id as usize - start);
+        }
+        let rest = arch::max_except(block, mask);
+        s.lowered_blocks.push((b as u32, s.block_max[b]));
+        s.block_max[b] = rest.max(edited_max);
     }
 }
 
@@ -1099,7 +1194,9 @@ fn top_k(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bool {
 /// and the first dropped one lies strictly below the last kept.
 fn rank_top(k: usize, r: &[f32], s: &mut Scratch, lowered: Option<&Penalties>) -> Option<bool> {
     match lowered {
-        Some(pen) => gather_top_lowered(k, r, s, |id, z| pen.count(id).map(|n| pen.penalised(z, n)))?,
+        Some(pen) => {
+            gather_top_lowered(k, r, s, |id, z| pen.count(id).map(|n| pen.penalised(z, n)), pen.counts().map(|t| t.0))?
+        }
         None => gather_top(k, r, s)?,
     };
     let g = &s.gathered;

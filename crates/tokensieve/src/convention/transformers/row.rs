@@ -471,7 +471,7 @@ pub(crate) fn prepare(
         Reduce::Greedy | Reduce::MinP(..) => 1,
     };
     let gathered = match lowering {
-        Some(p) => gather_top_lowered(k, r, s, penalty_edit(p)),
+        Some(p) => gather_top_lowered(k, r, s, penalty_edit(p), p.seen().iter().copied()),
         None => gather_top(k, r, s),
     };
     let Some(gathered_from) = gathered else { return Ok(None) };
