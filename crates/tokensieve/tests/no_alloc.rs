@@ -105,6 +105,37 @@ fn sampling_allocates_nothing_after_warm_up() {
     }
 }
 
+/// Penalties before `top_k` on a nearly flat row, where the sampled tokens are the row's top
+/// ones and the fast path lowers the maxima of their blocks: its buffers are sized on the
+/// first token, whichever later token first needs them.
+#[test]
+fn penalties_on_a_nearly_flat_row_allocate_nothing_after_warm_up() {
+    let vocab = 32_000;
+    let row: Vec<f32> = generate::row(RowKind::Gaussian, vocab, 7).iter().map(|x| x / 60.0).collect();
+    for (spec, convention) in [
+        (
+            "penalties(64,1.1,0.1,0.1);top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist",
+            tokensieve::Convention::LlamaCpp,
+        ),
+        (
+            "repetition_penalty(1.1);temperature(0.8);top_k(40);top_p(0.95);min_p(0.05);dist",
+            tokensieve::Convention::Transformers,
+        ),
+    ] {
+        let ctx = BuildContext::new(vocab, RngConfig::philox(3)).with_convention(convention);
+        let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+        for step in 0..400 {
+            chain.sample(&row).unwrap_or_else(|e| panic!("{spec}, warm-up step {step}: {e}"));
+        }
+        let n = allocations(|| {
+            for _ in 0..32 {
+                chain.sample(&row).unwrap();
+            }
+        });
+        assert_eq!(n, 0, "`{spec}` allocated {n} times in 32 tokens after warm-up");
+    }
+}
+
 /// The same chains and raw logprobs on f16 and bf16 rows (widened into reused buffers; their
 /// ties take `top_k`'s heap replay and its draw on the ranking).
 #[test]

@@ -144,7 +144,7 @@ impl Penalties {
     }
 
     /// The tokens in the window with their counts, in no particular order (each token once).
-    pub(crate) fn counts(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+    pub(crate) fn counts(&self) -> impl ExactSizeIterator<Item = (u32, u32)> + '_ {
         self.counts.iter().map(|(&t, &c)| (t, c))
     }
 }

@@ -1043,32 +1043,38 @@ pub(crate) fn gather_lowered(r: &[f32], tau: f32, s: &mut Scratch, edit: &impl F
 
 /// [`gather_top`] for row + edits that only lower entries ([`gather_lowered`]): a superset of
 /// its `k` largest entries, all those at or above the returned `tau`, into `s.gathered`.
-/// `edited` lists every token the edits may touch (repeats allowed).
+/// `edited` lists every token the edits may touch (repeats and ids past the row allowed).
 ///
 /// The first round takes `tau` from the row's block maxima, as if nothing were edited: right
 /// where the edits took few of the top entries away (a peaked row, whose sampled tokens stay
-/// near the top after a penalty). Where that left fewer than `k`, the maxima of the blocks
-/// holding edited tokens are lowered to those of row + edits ([`lower_block_maxima`]) for a
-/// second round, which then holds `k` (each of `k` blocks reaching `tau` has an entry of
-/// row + edits there). On a nearly flat row most of the top `k` are recently sampled tokens,
-/// pushed far down by a penalty: growing `need` by the drops instead took four rounds and
-/// gathered hundreds of entries (13.6 µs a token at V = 32,000 with the bench's penalties
-/// chain).
+/// near the top after a penalty). Where that left fewer than `k` and the edited tokens are few
+/// (at most [`LOWER_MAX`]: llama.cpp's usual window of 64, a short history), the maxima of
+/// the blocks whose maximum an edit lowered are set to those of row + edits
+/// ([`lower_block_maxima`]) for a second round, which then holds `k` (each of `k` blocks
+/// reaching `tau` has an entry of row + edits there). On a nearly flat row most of the top `k`
+/// are recently sampled tokens, pushed far down by a penalty: growing `need` by the drops
+/// instead took four rounds and gathered hundreds of entries (13.6 µs a token at V = 32,000
+/// with the bench's penalties chain). Many edited tokens are left to the rounds: lowering
+/// would read most of the row's blocks, and look up most of its tokens (190 µs a token with
+/// 8,000 in the window, against 8 for the rounds).
 ///
-/// With more than `need` wanted than there are blocks, `tau` is counted on the row: a `tau`
-/// that `need` entries of the row reach holds at least `need - dropped` of row + edits; where
-/// that is fewer than `k`, the next `need` is `k + dropped`, more than before (the row had at
-/// least `need` entries and kept fewer than `k`), so the search ends (`None` once the row has
-/// fewer than `need` entries).
+/// The rounds: a `tau` that `need` entries of the row reach holds at least `need - dropped`
+/// of row + edits; where that is fewer than `k`, the next `need` is `k + dropped`, more than
+/// before (the row had at least `need` entries and kept fewer than `k`), so the search ends
+/// (`None` once the row has fewer than `need` entries).
 pub(crate) fn gather_top_lowered(
     k: usize,
     r: &[f32],
     s: &mut Scratch,
     edit: impl Fn(u32, f32) -> Option<f32>,
-    edited: impl Iterator<Item = u32>,
+    edited: impl ExactSizeIterator<Item = u32>,
 ) -> Option<f32> {
     let max = s.summary.map_or(f32::NEG_INFINITY, |m| m.max);
-    let lowerable = k <= s.block_max.len() && s.block_max.len() == r.len().div_ceil(BLOCK);
+    // Room for a lowering up front, which a later token may be the first to need (no
+    // allocation per token after the first).
+    s.edited_ids.reserve(LOWER_MAX);
+    s.lowered_blocks.reserve(LOWER_MAX);
+    let lowerable = edited.len() <= LOWER_MAX && k <= s.block_max.len() && s.block_max.len() == r.len().div_ceil(BLOCK);
     let mut dropped = 0;
     let mut seed = None;
     if !(lowerable && s.lowered_last) {
@@ -1113,10 +1119,13 @@ pub(crate) fn gather_top_lowered(
     }
 }
 
-/// Lowers the block maxima in `s.block_max` of the blocks holding a token of `edited` (ids
-/// past the row are skipped) to the maxima of row + edits there, and lists each such block
-/// with its row maximum in `s.lowered_blocks`, for the caller to put back. One `edit` per
-/// edited token, and a read of its block.
+/// The most edited tokens [`gather_top_lowered`] lowers block maxima for.
+const LOWER_MAX: usize = 256;
+
+/// Lowers the block maxima in `s.block_max` of the blocks whose maximum a token of `edited`
+/// holds (ids past the row are skipped) to the maxima of row + edits there, and lists each
+/// such block with its row maximum in `s.lowered_blocks`, for the caller to put back. One
+/// `edit` per edited token of such a block, and a read of the block.
 fn lower_block_maxima(
     r: &[f32],
     s: &mut Scratch,
@@ -1132,11 +1141,6 @@ fn lower_block_maxima(
     let mut at = 0;
     while at < list.len() {
         let b = list[at] as usize / BLOCK;
-        let start = b * BLOCK;
-        let block = &r[start..(start + BLOCK).min(r.len())];
-        // The edited entries' new values, and a mask of where they are: the rest of the block
-        // is read as it is, without them (PERF: writing the edits into a copy of the block and
-        // reading it back stalled on store forwarding).
         let first = at;
         while list.get(at).is_some_and(|&id| id as usize / BLOCK == b) {
             at += 1;
@@ -1146,13 +1150,17 @@ fn lower_block_maxima(
             // The block's maximum is not edited: it stays.
             continue;
         }
+        // The edited entries' new values, and the rest of the block as it is, without them
+        // (PERF: writing the edits into a copy of the block and reading it back stalled on
+        // store forwarding).
+        let start = b * BLOCK;
         let (mut edited_max, mut mask) = (f32::NEG_INFINITY, 0u64);
         for &id in ids {
             let z = r[id as usize];
             edited_max = edited_max.max(edit(id, z).unwrap_or(z));
             mask |= 1 << (id as usize - start);
         }
-        let rest = arch::max_except(block, mask);
+        let rest = arch::max_except(&r[start..(start + BLOCK).min(r.len())], mask);
         s.lowered_blocks.push((b as u32, s.block_max[b]));
         s.block_max[b] = rest.max(edited_max);
     }
@@ -1195,7 +1203,8 @@ fn top_k(k: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> bool {
 fn rank_top(k: usize, r: &[f32], s: &mut Scratch, lowered: Option<&Penalties>) -> Option<bool> {
     match lowered {
         Some(pen) => {
-            gather_top_lowered(k, r, s, |id, z| pen.count(id).map(|n| pen.penalised(z, n)), pen.counts().map(|t| t.0))?
+            let edit = |id, z| pen.count(id).map(|n| pen.penalised(z, n));
+            gather_top_lowered(k, r, s, edit, pen.counts().map(|t| t.0))?
         }
         None => gather_top(k, r, s)?,
     };
