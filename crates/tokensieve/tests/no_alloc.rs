@@ -81,6 +81,20 @@ const CHAINS: &[&str] = &[
     "temperature(0.8);min_p(0.05,1);dist",
 ];
 
+/// Samples `row` `warm` times with `chain`, then asserts that `measured` more tokens
+/// allocate nothing.
+fn assert_quiet_after_warm_up(chain: &mut Chain, row: &[f32], warm: usize, measured: usize, label: &str) {
+    for step in 0..warm {
+        chain.sample(row).unwrap_or_else(|e| panic!("{label}, warm-up step {step}: {e}"));
+    }
+    let n = allocations(|| {
+        for _ in 0..measured {
+            chain.sample(row).unwrap();
+        }
+    });
+    assert_eq!(n, 0, "{label} allocated {n} times in {measured} tokens after warm-up");
+}
+
 #[test]
 fn sampling_allocates_nothing_after_warm_up() {
     for vocab in [32_000usize, 128_256] {
@@ -91,15 +105,7 @@ fn sampling_allocates_nothing_after_warm_up() {
                 // Sampling the same row over and over, `penalties` before `top_p` keeps moving
                 // to new tokens: its window holds more distinct ones for a few hundred steps,
                 // and its counts and the overlay grow with them (to at most 64).
-                for step in 0..400 {
-                    chain.sample(&row).unwrap_or_else(|e| panic!("{spec}, warm-up step {step}: {e}"));
-                }
-                let n = allocations(|| {
-                    for _ in 0..32 {
-                        chain.sample(&row).unwrap();
-                    }
-                });
-                assert_eq!(n, 0, "`{spec}` (V = {vocab}, {rng:?}) allocated {n} times in 32 tokens after warm-up");
+                assert_quiet_after_warm_up(&mut chain, &row, 400, 32, &format!("`{spec}` (V = {vocab}, {rng:?})"));
             }
         }
     }
@@ -113,26 +119,12 @@ fn penalties_on_a_nearly_flat_row_allocate_nothing_after_warm_up() {
     let vocab = 32_000;
     let row: Vec<f32> = generate::row(RowKind::Gaussian, vocab, 7).iter().map(|x| x / 60.0).collect();
     for (spec, convention) in [
-        (
-            "penalties(64,1.1,0.1,0.1);top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist",
-            tokensieve::Convention::LlamaCpp,
-        ),
-        (
-            "repetition_penalty(1.1);temperature(0.8);top_k(40);top_p(0.95);min_p(0.05);dist",
-            tokensieve::Convention::Transformers,
-        ),
+        ("penalties(64,1.1,0.1,0.1);top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist", Convention::LlamaCpp),
+        ("repetition_penalty(1.1);temperature(0.8);top_k(40);top_p(0.95);min_p(0.05);dist", Convention::Transformers),
     ] {
         let ctx = BuildContext::new(vocab, RngConfig::philox(3)).with_convention(convention);
         let mut chain = Chain::from_spec(spec, &ctx).unwrap();
-        for step in 0..400 {
-            chain.sample(&row).unwrap_or_else(|e| panic!("{spec}, warm-up step {step}: {e}"));
-        }
-        let n = allocations(|| {
-            for _ in 0..32 {
-                chain.sample(&row).unwrap();
-            }
-        });
-        assert_eq!(n, 0, "`{spec}` allocated {n} times in 32 tokens after warm-up");
+        assert_quiet_after_warm_up(&mut chain, &row, 400, 32, &format!("`{spec}`"));
     }
 }
 
@@ -187,15 +179,7 @@ fn transformers_sampling_allocates_nothing_after_warm_up() {
     for spec in TRANSFORMERS_CHAINS {
         let ctx = BuildContext::new(vocab, RngConfig::philox(3)).with_convention(Convention::Transformers);
         let mut chain = Chain::from_spec(spec, &ctx).unwrap();
-        for step in 0..40 {
-            chain.sample(&row).unwrap_or_else(|e| panic!("{spec}, warm-up step {step}: {e}"));
-        }
-        let n = allocations(|| {
-            for _ in 0..16 {
-                chain.sample(&row).unwrap();
-            }
-        });
-        assert_eq!(n, 0, "transformers `{spec}` allocated {n} times in 16 tokens after warm-up");
+        assert_quiet_after_warm_up(&mut chain, &row, 40, 16, &format!("transformers `{spec}`"));
     }
 }
 
