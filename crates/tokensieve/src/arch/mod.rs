@@ -2046,26 +2046,21 @@ mod tests {
         assert!(given > 1_000 && refused > 300, "{given} given, {refused} refused");
     }
 
-    /// [`position_eq`] as the obvious search, `-0.0` matching `0.0` and NaN nothing, at every
-    /// position of rows around the lane width.
+    /// [`max_except`] as the obvious filtered maximum, at every block length up to 64, with no
+    /// entry, every entry, one and random entries left out.
     #[test]
     fn max_except_leaves_out_the_skipped_entries() {
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        use tokensieve_testkit::generate::SplitMix64;
+        let mut rng = SplitMix64::new(5);
         for n in 0..=64usize {
             for _ in 0..20 {
                 // Few distinct values, so that the maximum often has equals.
-                let block: Vec<f32> = (0..n).map(|_| (next() % 7) as f32 - 3.0).collect();
-                let skip = match next() % 4 {
+                let block: Vec<f32> = (0..n).map(|_| (rng.next_u64() % 7) as f32 - 3.0).collect();
+                let skip = match rng.next_u64() % 4 {
                     0 => 0,
                     1 => u64::MAX,
-                    2 => 1 << (next() % 64),
-                    _ => next(),
+                    2 => 1 << (rng.next_u64() % 64),
+                    _ => rng.next_u64(),
                 };
                 let want = (0..n).filter(|&i| skip >> i & 1 == 0).map(|i| block[i]).fold(f32::NEG_INFINITY, f32::max);
                 assert_eq!(max_except(&block, skip), want, "n = {n}, skip = {skip:#x}");
@@ -2073,6 +2068,8 @@ mod tests {
         }
     }
 
+    /// [`position_eq`] as the obvious search, `-0.0` matching `0.0` and NaN nothing, at every
+    /// position of rows around the lane width.
     #[test]
     fn position_eq_finds_the_first_equal_value() {
         for n in 0..40usize {
