@@ -7,8 +7,9 @@
 //! [`super`] call these functions only then (`widen_f16` also needs F16C, detected beside
 //! them). Inside, the only other unsafe operations are
 //! unaligned loads and stores (`loadu`/`storeu`, no alignment requirement) whose bounds each
-//! come from `chunks_exact`, and one `i64gather` whose indices are masked to `0..32`, the
-//! length of the table it reads.
+//! come from `chunks_exact`, aligned loads (`load`) at addresses `Realign` rounds down to a
+//! 32-byte boundary within the row, and one `i64gather` whose indices are masked to `0..32`,
+//! the length of the table it reads.
 //!
 //! PERF: safe Rust does not vectorise these loops: the float max/min reductions and the
 //! order-dependent exp sums are not reassociated by LLVM, the per-block maxima need a
@@ -38,11 +39,19 @@ unsafe fn hmax(v: __m256) -> f32 {
 /// [`summarize`] (which has eight independent trees per group), so it was no floor there.
 /// Zen 4's `vmaxps` has a latency of 2 cycles; eight accumulators were not timed there.
 ///
+/// The entries before the row's first 32-byte boundary are taken one by one, so that every
+/// vector load is aligned. PERF: a row 16 bytes past a 32-byte boundary (as glibc places
+/// a `Vec` of 128 KiB or more) made half the loads straddle two cache lines, and the pass took
+/// 9.3 µs at V = 128,256 against 6.3 for the same row aligned (Intel Xeon with AVX-512), which
+/// made the bench's floor, and not the sampling, depend on where the row was allocated.
+///
 /// # Safety
 /// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
 #[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn max(row: &[f32]) -> f32 {
     let mut a = [_mm256_set1_ps(f32::NEG_INFINITY); 8];
+    let head = row.as_ptr().align_offset(32).min(row.len());
+    let (first, row) = row.split_at(head);
     let (steps, rest) = row.as_chunks::<64>();
     for c in steps {
         let p = c.as_ptr();
@@ -60,19 +69,82 @@ pub unsafe fn max(row: &[f32]) -> f32 {
     let quads =
         [_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]), _mm256_max_ps(a[4], a[5]), _mm256_max_ps(a[6], a[7])];
     let m = hmax(_mm256_max_ps(_mm256_max_ps(quads[0], quads[1]), _mm256_max_ps(quads[2], quads[3])));
-    tail.iter().fold(m, |m, &x| if x > m { x } else { m })
+    first.iter().chain(tail).fold(m, |m, &x| if x > m { x } else { m })
 }
 
-/// The max tree of one block of 64 floats at `p`.
+/// The max tree of one block's eight vectors.
 #[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
-unsafe fn block_max_tree(p: *const f32) -> __m256 {
-    // SAFETY (caller): `p` points to 64 readable floats.
-    let x = |k: usize| _mm256_loadu_ps(p.add(8 * k));
+unsafe fn block_max_tree(x: [__m256; 8]) -> __m256 {
     _mm256_max_ps(
-        _mm256_max_ps(_mm256_max_ps(x(0), x(1)), _mm256_max_ps(x(2), x(3))),
-        _mm256_max_ps(_mm256_max_ps(x(4), x(5)), _mm256_max_ps(x(6), x(7))),
+        _mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3])),
+        _mm256_max_ps(_mm256_max_ps(x[4], x[5]), _mm256_max_ps(x[6], x[7])),
     )
+}
+
+/// The 64 floats at `p` as eight vectors, in order.
+///
+/// # Safety
+/// `p` must point to 64 readable floats.
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
+#[inline]
+pub(super) unsafe fn load_block(p: *const f32) -> [__m256; 8] {
+    std::array::from_fn(|k| _mm256_loadu_ps(p.add(8 * k)))
+}
+
+/// Reads the blocks of a row that is not 32-byte aligned with aligned loads only: a block's
+/// 64 entries, `shift` floats past a boundary, lie in nine aligned vectors, seven of them
+/// whole; one blend of the first and the last makes the eighth (the block's first
+/// `8 - shift` entries and its last `shift`, out of order). The max trees, NaN watches and
+/// compares that take these vectors do not depend on the order of the entries.
+///
+/// PERF: with unaligned loads, half of them straddle two cache lines on a row 16 bytes past a
+/// boundary (glibc's placement of a `Vec` of 128 KiB or more). On an Intel Xeon with AVX-512,
+/// `locate_max` (greedy's pass; one process, alternating with the unaligned version) took
+/// 2.19 µs this way against 2.62–2.65 at V = 32,000, and 10.3 against 12.2–12.4 at 128,256;
+/// on the same rows aligned, 2.0 and 9.6–9.7 either way.
+#[derive(Clone, Copy)]
+pub(super) struct Realign {
+    shift: usize,
+    /// Lanes `0..shift` set: the blend's lanes from the last vector.
+    from_last: __m256,
+}
+
+impl Realign {
+    /// For a row starting at `row`: `None` when it is 32-byte aligned.
+    #[target_feature(enable = "avx2,fma,bmi1,popcnt")]
+    #[inline]
+    pub(super) unsafe fn of(row: *const f32) -> Option<Self> {
+        let shift = (row as usize % 32) / 4;
+        (shift != 0 && (row as usize).is_multiple_of(4)).then(|| Self {
+            shift,
+            from_last: _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                _mm256_set1_epi32(shift as i32),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            )),
+        })
+    }
+
+    /// Whether block `b` of a row of `len` entries can be read this way: the `shift` floats
+    /// before it and `8 - shift` after it are in the row.
+    #[inline]
+    pub(super) fn fits(&self, b: usize, len: usize) -> bool {
+        b > 0 && (b + 1) * BLOCK + 8 - self.shift <= len
+    }
+
+    /// The 64 entries at `p` (a block start of the row this was made for, where [`Realign::fits`]
+    /// holds) as eight vectors, in some order.
+    ///
+    /// # Safety
+    /// The `shift` floats before `p` and the `72 - shift` from it must be readable.
+    #[target_feature(enable = "avx2,fma,bmi1,popcnt")]
+    #[inline]
+    pub(super) unsafe fn block(&self, p: *const f32) -> [__m256; 8] {
+        let a = p.sub(self.shift);
+        // SAFETY (caller): `a` is 32-byte aligned and the nine vectors from it are readable.
+        let v = |k: usize| _mm256_load_ps(a.add(8 * k));
+        [_mm256_blendv_ps(v(0), v(8), self.from_last), v(1), v(2), v(3), v(4), v(5), v(6), v(7)]
+    }
 }
 
 /// The horizontal maxima of eight vectors, as one vector (lane `k` from `m[k]`): a transpose
@@ -110,11 +182,12 @@ pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
 pub(super) trait NanWatch {
     /// A watch that has seen nothing.
     unsafe fn new() -> Self;
-    /// The max tree's root of the 64 floats at `p`, having noted any NaN among them that the
-    /// root does not carry. A NaN the root carries is noted only by [`keep`](Self::keep).
-    unsafe fn block(&mut self, p: *const f32) -> __m256;
+    /// The max tree's root of a block's eight vectors `x`, having noted any NaN among them
+    /// that the root does not carry. A NaN the root carries is noted only by
+    /// [`keep`](Self::keep).
+    unsafe fn block(&mut self, x: [__m256; 8]) -> __m256;
     /// [`block`](Self::block), then [`keep`](Self::keep) of its root.
-    unsafe fn block_kept(&mut self, p: *const f32) -> __m256;
+    unsafe fn block_kept(&mut self, x: [__m256; 8]) -> __m256;
     /// Notes a NaN in `root`.
     unsafe fn keep(&mut self, root: __m256);
     /// True when a NaN was noted (both watches here are exact).
@@ -140,15 +213,15 @@ impl NanWatch for FirstOperands {
     }
 
     #[inline(always)]
-    unsafe fn block(&mut self, p: *const f32) -> __m256 {
-        let (root, lo, f) = block_max_firsts(p);
+    unsafe fn block(&mut self, x: [__m256; 8]) -> __m256 {
+        let (root, lo, f) = block_max_firsts(x);
         self.0 = _mm256_or_ps(self.0, _mm256_or_ps(f, _mm256_cmp_ps::<_CMP_UNORD_Q>(lo, lo)));
         root
     }
 
     #[inline(always)]
-    unsafe fn block_kept(&mut self, p: *const f32) -> __m256 {
-        let (root, lo, f) = block_max_firsts(p);
+    unsafe fn block_kept(&mut self, x: [__m256; 8]) -> __m256 {
+        let (root, lo, f) = block_max_firsts(x);
         self.0 = _mm256_or_ps(self.0, _mm256_or_ps(f, _mm256_cmp_ps::<_CMP_UNORD_Q>(lo, root)));
         root
     }
@@ -168,17 +241,19 @@ impl NanWatch for FirstOperands {
 /// target features `W` needs.
 #[inline(always)]
 pub(super) unsafe fn summarize_with<W: NanWatch>(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
-    summarize_from::<W>(row.len(), |start, _| row.as_ptr().add(start), block_max)
+    summarize_from::<W>(row.len(), |start, _| row.as_ptr().add(start), Realign::of(row.as_ptr()), block_max)
 }
 
 /// [`summarize_with`] over a row of `len` entries that `part(start, n)` makes readable, `n`
 /// entries from `start`, returning a pointer to them: the row itself, or a half-precision row
 /// widened part by part (a group of eight blocks, then the rest), so that each part is read
-/// back while it is still in L1.
+/// back while it is still in L1. With `realign` (the row itself, not aligned), the groups
+/// whose blocks it [fits](Realign::fits) are read by aligned loads.
 #[inline(always)]
 pub(super) unsafe fn summarize_from<W: NanWatch>(
     len: usize,
     mut part: impl FnMut(usize, usize) -> *const f32,
+    realign: Option<Realign>,
     block_max: &mut Vec<f32>,
 ) -> Summary {
     let n_blocks = len.div_ceil(BLOCK);
@@ -190,9 +265,19 @@ pub(super) unsafe fn summarize_from<W: NanWatch>(
     for b in (0..groups).map(|g| 8 * g) {
         let g = part(b * BLOCK, 8 * BLOCK);
         let mut roots = [_mm256_setzero_ps(); 8];
-        for (k, root) in roots.iter_mut().enumerate() {
-            // SAFETY: `g` points to 8 blocks of BLOCK = 64 floats.
-            *root = watch.block_kept(g.add(k * BLOCK));
+        match realign {
+            Some(ra) if ra.fits(b, len) && ra.fits(b + 7, len) => {
+                for (k, root) in roots.iter_mut().enumerate() {
+                    // SAFETY: blocks `b..b + 8` fit: the floats around each are in the row.
+                    *root = watch.block_kept(ra.block(g.add(k * BLOCK)));
+                }
+            }
+            _ => {
+                for (k, root) in roots.iter_mut().enumerate() {
+                    // SAFETY: `g` points to 8 blocks of BLOCK = 64 floats.
+                    *root = watch.block_kept(load_block(g.add(k * BLOCK)));
+                }
+            }
         }
         let v = hmax8(&roots);
         // SAFETY: `b + 8 <= n_blocks`: this group's blocks are whole.
@@ -210,7 +295,7 @@ pub(super) unsafe fn summarize_from<W: NanWatch>(
             let mut buf = [c[0]; BLOCK];
             buf[..c.len()].copy_from_slice(c);
             // SAFETY: `buf` holds BLOCK = 64 floats.
-            let r = watch.block_kept(buf.as_ptr());
+            let r = watch.block_kept(load_block(buf.as_ptr()));
             out[b] = hmax(r);
             best = best.max(out[b]);
         }
@@ -271,6 +356,7 @@ pub(super) unsafe fn widen_summarize_with<W: NanWatch, T>(
             widen(&src[start..start + n], std::slice::from_raw_parts_mut(at, n));
             at
         },
+        None,
         block_max,
     )
 }
@@ -322,6 +408,8 @@ pub(super) unsafe fn patch_summarize_with<W: NanWatch>(
             }
             o.add(start)
         },
+        // Only the parts written so far may be read.
+        None,
         block_max,
     )
 }
@@ -464,7 +552,7 @@ pub(super) unsafe fn rounded_increments(ws: &[f32], sum: f32, scale_cum: f64, sc
     super::rounded_increments_with(ws, sum, scale_cum, scale_run)
 }
 
-/// The max tree of one block of 64 floats at `p`, the first operand `lo` of its root's `max`,
+/// The max tree of one block's eight vectors, the first operand `lo` of its root's `max`,
 /// and a mask of the lanes where a first operand below it is NaN (`unordered` of pairs of
 /// them). `vmaxps a, b` returns `b` when either operand is NaN: a NaN in a second operand
 /// moves up the tree, one in a first operand stops there. Every NaN of the block therefore
@@ -472,16 +560,12 @@ pub(super) unsafe fn rounded_increments(ws: &[f32], sum: f32, scale_cum: f64, sc
 /// commutative unless NaN is ruled out (the tests put NaN at every position).
 #[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 #[inline]
-unsafe fn block_max_firsts(p: *const f32) -> (__m256, __m256, __m256) {
-    // SAFETY (caller): `p` points to 64 readable floats.
-    let x0 = _mm256_loadu_ps(p);
-    let x2 = _mm256_loadu_ps(p.add(16));
-    let x4 = _mm256_loadu_ps(p.add(32));
-    let x6 = _mm256_loadu_ps(p.add(48));
-    let m01 = _mm256_max_ps(x0, _mm256_loadu_ps(p.add(8)));
-    let m23 = _mm256_max_ps(x2, _mm256_loadu_ps(p.add(24)));
-    let m45 = _mm256_max_ps(x4, _mm256_loadu_ps(p.add(40)));
-    let m67 = _mm256_max_ps(x6, _mm256_loadu_ps(p.add(56)));
+unsafe fn block_max_firsts(x: [__m256; 8]) -> (__m256, __m256, __m256) {
+    let [x0, x1, x2, x3, x4, x5, x6, x7] = x;
+    let m01 = _mm256_max_ps(x0, x1);
+    let m23 = _mm256_max_ps(x2, x3);
+    let m45 = _mm256_max_ps(x4, x5);
+    let m67 = _mm256_max_ps(x6, x7);
     let lo = _mm256_max_ps(m01, m23);
     let root = _mm256_max_ps(lo, _mm256_max_ps(m45, m67));
     let nan = _mm256_or_ps(
@@ -520,9 +604,14 @@ pub(super) unsafe fn locate_max_with<W: NanWatch>(row: &[f32]) -> Summary {
     let chunks = row.chunks_exact(BLOCK);
     let tail = chunks.remainder();
     let full = chunks.len();
-    for c in chunks {
-        // SAFETY: `c` holds BLOCK = 64 floats.
-        let root = watch.block(c.as_ptr());
+    let realign = Realign::of(row.as_ptr());
+    for (b, c) in chunks.enumerate() {
+        let root = match realign {
+            // SAFETY: block `b` fits: the floats around it are in the row.
+            Some(ra) if ra.fits(b, row.len()) => watch.block(ra.block(c.as_ptr())),
+            // SAFETY: `c` holds BLOCK = 64 floats.
+            _ => watch.block(load_block(c.as_ptr())),
+        };
         // `!(root <= best)`: a lane above the best so far, or a NaN lane.
         if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLE_UQ>(root, best_v)) != 0 {
             watch.keep(root);
@@ -539,7 +628,7 @@ pub(super) unsafe fn locate_max_with<W: NanWatch>(row: &[f32]) -> Summary {
         let mut buf = [first; BLOCK];
         buf[..tail.len()].copy_from_slice(tail);
         // SAFETY: `buf` holds BLOCK = 64 floats.
-        let root = watch.block_kept(buf.as_ptr());
+        let root = watch.block_kept(load_block(buf.as_ptr()));
         let bm = hmax(root);
         if bm > best {
             best = bm;
@@ -580,11 +669,22 @@ pub unsafe fn block_max_into(row: &[f32], out: &mut [f32]) -> f32 {
     let groups = row.chunks_exact(8 * BLOCK);
     let rest = groups.remainder();
     let mut b = 0;
+    let realign = Realign::of(row.as_ptr());
     for g in groups {
         let mut roots = [_mm256_setzero_ps(); 8];
-        for (k, root) in roots.iter_mut().enumerate() {
-            // SAFETY: `g` holds 8 blocks of BLOCK = 64 floats.
-            *root = block_max_tree(g.as_ptr().add(k * BLOCK));
+        match realign {
+            Some(ra) if ra.fits(b, row.len()) && ra.fits(b + 7, row.len()) => {
+                for (k, root) in roots.iter_mut().enumerate() {
+                    // SAFETY: blocks `b..b + 8` fit: the floats around each are in the row.
+                    *root = block_max_tree(ra.block(g.as_ptr().add(k * BLOCK)));
+                }
+            }
+            _ => {
+                for (k, root) in roots.iter_mut().enumerate() {
+                    // SAFETY: `g` holds 8 blocks of BLOCK = 64 floats.
+                    *root = block_max_tree(load_block(g.as_ptr().add(k * BLOCK)));
+                }
+            }
         }
         let v = hmax8(&roots);
         out[b..b + 8].copy_from_slice(&std::mem::transmute::<__m256, [f32; 8]>(v));
@@ -596,7 +696,7 @@ pub unsafe fn block_max_into(row: &[f32], out: &mut [f32]) -> f32 {
         let mut pad = [f32::NEG_INFINITY; BLOCK];
         pad[..c.len()].copy_from_slice(c);
         // SAFETY: `pad` holds BLOCK = 64 floats.
-        out[b] = hmax(block_max_tree(pad.as_ptr()));
+        out[b] = hmax(block_max_tree(load_block(pad.as_ptr())));
         if out[b] > best {
             best = out[b];
         }
@@ -624,7 +724,7 @@ pub unsafe fn argmax(row: &[f32]) -> Option<usize> {
     let blocks = chunks.map(|c| c.as_ptr()).chain((!tail.is_empty()).then_some(pad.as_ptr()));
     for (b, p) in blocks.enumerate() {
         // SAFETY: `p` points to BLOCK = 64 floats (a full chunk, or the -inf padded tail).
-        let m = block_max_tree(p);
+        let m = block_max_tree(load_block(p));
         // Only a block with a lane above the best so far needs its horizontal maximum.
         if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(m, best_v)) != 0 {
             best = hmax(m);

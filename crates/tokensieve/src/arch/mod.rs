@@ -2251,18 +2251,23 @@ mod tests {
             let (mut want_row, mut want_bm) = (Vec::new(), Vec::new());
             let (mut got_row, mut got_bm) = (vec![1.0f32; 3], vec![2.0f32; 5]);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            // A block maximum of +0.0 and -0.0 is either: the max tree's order of a block's
+            // entries depends on the row's alignment (`avx2::Realign`), and so does which zero
+            // `max` keeps. Otherwise the bits.
+            let key = |x: f32| if x == 0.0 { 0 } else { x.to_bits() };
+            let maxima = |v: &[f32]| v.iter().map(|&x| key(x)).collect::<Vec<_>>();
             widen_f16(&h, &mut want_row);
             let want = summarize(&want_row, &mut want_bm);
             let got = widen_summarize_f16(&h, &mut got_row, &mut got_bm);
             prop_assert_eq!(bits(&got_row), bits(&want_row));
-            prop_assert_eq!(bits(&got_bm), bits(&want_bm));
-            prop_assert_eq!((got.max.to_bits(), got.max_block, got.suspect), (want.max.to_bits(), want.max_block, want.suspect));
+            prop_assert_eq!(maxima(&got_bm), maxima(&want_bm));
+            prop_assert_eq!((key(got.max), got.max_block, got.suspect), (key(want.max), want.max_block, want.suspect));
             widen_bf16(&b, &mut want_row);
             let want = summarize(&want_row, &mut want_bm);
             let got = widen_summarize_bf16(&b, &mut got_row, &mut got_bm);
             prop_assert_eq!(bits(&got_row), bits(&want_row));
-            prop_assert_eq!(bits(&got_bm), bits(&want_bm));
-            prop_assert_eq!((got.max.to_bits(), got.max_block, got.suspect), (want.max.to_bits(), want.max_block, want.suspect));
+            prop_assert_eq!(maxima(&got_bm), maxima(&want_bm));
+            prop_assert_eq!((key(got.max), got.max_block, got.suspect), (key(want.max), want.max_block, want.suspect));
             // Without the widened row: the same summary and block maxima where a kernel runs.
             for bf in [false, true] {
                 let (got, want_row): (_, Vec<f32>) = if bf {
@@ -2276,8 +2281,8 @@ mod tests {
                 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
                 prop_assert_eq!(got.is_some(), isa() == Isa::Neon);
                 if let Some(got) = got {
-                    prop_assert_eq!(bits(&got_bm), bits(&want_bm));
-                    prop_assert_eq!((got.max.to_bits(), got.max_block, got.suspect), (want.max.to_bits(), want.max_block, want.suspect));
+                    prop_assert_eq!(maxima(&got_bm), maxima(&want_bm));
+                    prop_assert_eq!((key(got.max), got.max_block, got.suspect), (key(want.max), want.max_block, want.suspect));
                 }
             }
             #[cfg(target_arch = "x86_64")]
@@ -2289,15 +2294,87 @@ mod tests {
                 widen_f16(&h, &mut want_row);
                 let want = summarize(&want_row, &mut want_bm);
                 prop_assert_eq!(bits(&row2), bits(&want_row));
-                prop_assert_eq!(bits(&bm2), bits(&want_bm));
-                prop_assert_eq!((s2.max.to_bits(), s2.max_block), (want.max.to_bits(), want.max_block));
+                prop_assert_eq!(maxima(&bm2), maxima(&want_bm));
+                prop_assert_eq!((key(s2.max), s2.max_block), (key(want.max), want.max_block));
                 // SAFETY: as above (AVX2, FMA, BMI1 and POPCNT).
                 let s3 = unsafe { avx2::widen_summarize_bf16(&b, Some(&mut row2), &mut bm2) };
                 widen_bf16(&b, &mut want_row);
                 let want = summarize(&want_row, &mut want_bm);
                 prop_assert_eq!(bits(&row2), bits(&want_row));
-                prop_assert_eq!(bits(&bm2), bits(&want_bm));
-                prop_assert_eq!((s3.max.to_bits(), s3.max_block), (want.max.to_bits(), want.max_block));
+                prop_assert_eq!(maxima(&bm2), maxima(&want_bm));
+                prop_assert_eq!((key(s3.max), s3.max_block), (key(want.max), want.max_block));
+            }
+        }
+
+        /// The whole-row kernels read a row that does not start on a 32-byte boundary by
+        /// aligned loads (the first entries apart), and the collector one that does not start
+        /// on a 64-byte boundary: at every offset from a 64-byte boundary, on rows long enough
+        /// for those loads, the maximum, its first block, the block maxima and the argmax are
+        /// the naive ones, a NaN or `+inf` anywhere is flagged, and the collected entries are
+        /// those at or above the threshold.
+        #[test]
+        fn kernels_read_rows_at_every_alignment(
+            r in proptest::collection::vec(-30.0f32..30.0, 1000..2700),
+            bad in any::<prop::sample::Index>(),
+            nan in any::<bool>(),
+            pick in any::<prop::sample::Index>(),
+        ) {
+            let n = r.len();
+            // A buffer with a 64-byte aligned start and room for 16 floats more.
+            let mut buf = vec![0.0f32; n + 32];
+            let skip = buf.as_ptr().align_offset(64);
+            let bm = want_bm(&r);
+            let (m, first) = (r.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)), naive_argmax(&r));
+            let t = r[pick.index(n)];
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let mut want: Vec<f32> = r.iter().copied().filter(|&x| x >= t).collect();
+            want.sort_by(f32::total_cmp);
+            let mut collector = Collector::default();
+            for offset in 0..16 {
+                let at = skip + offset;
+                buf[at..at + n].copy_from_slice(&r);
+                let row = &buf[at..at + n];
+                if collector.start(&bm, t) {
+                    let mut got = Vec::new();
+                    loop {
+                        let chunk = collector.next(row, t);
+                        if chunk.is_empty() {
+                            break;
+                        }
+                        got.extend(chunk.iter().copied().filter(|x| x.is_finite()));
+                    }
+                    got.sort_by(f32::total_cmp);
+                    prop_assert_eq!(bits(&got), bits(&want), "collector at offset {}", offset);
+                }
+                for k in row_kernels() {
+                    let name = k.name;
+                    prop_assert!((k.max)(row) == m, "{} at offset {}", name, offset);
+                    prop_assert_eq!((k.argmax)(row), Some(first), "{} at offset {}", name, offset);
+                    let mut bm2 = Vec::new();
+                    let s = (k.summarize)(row, &mut bm2);
+                    prop_assert!(!s.suspect && s.max == m, "{} at offset {}", name, offset);
+                    prop_assert_eq!(s.max_block, first / BLOCK, "{} at offset {}", name, offset);
+                    prop_assert_eq!(&bm2, &bm, "{} at offset {}", name, offset);
+                    let mut bm3 = vec![0.0; bm.len()];
+                    prop_assert!((k.block_max_into)(row, &mut bm3) == m, "{} at offset {}", name, offset);
+                    prop_assert_eq!(&bm3, &bm, "{} at offset {}", name, offset);
+                }
+                for (name, kernel) in locate_max_kernels() {
+                    let s = kernel(row);
+                    prop_assert!(!s.suspect && s.max == m, "{} at offset {}", name, offset);
+                    prop_assert_eq!(s.max_block, first / BLOCK, "{} at offset {}", name, offset);
+                }
+                let i = at + bad.index(n);
+                let keep = buf[i];
+                buf[i] = if nan { f32::NAN } else { f32::INFINITY };
+                let row = &buf[at..at + n];
+                for (name, kernel) in summarize_kernels() {
+                    prop_assert!(kernel(row, &mut Vec::new()).suspect, "{} at offset {}", name, offset);
+                }
+                for (name, kernel) in locate_max_kernels() {
+                    prop_assert!(kernel(row).suspect, "{} at offset {}", name, offset);
+                }
+                buf[i] = keep;
             }
         }
 
