@@ -137,9 +137,28 @@ fn bad_chains_and_options_are_one_line_errors() {
         &["bench", "--chain", "logprobs(x)"],
         &["bench", "--seconds", "0"],
         &["bench", "--vocab", "0"],
+        &["bench", "--offset", "3"],
+        &["bench", "--offset", "64"],
+        &["bench", "--offset", "x"],
     ] {
         let (code, stdout, stderr) = run(args);
         assert_eq!(code, 2, "{args:?}: {stdout} {stderr}");
         assert!(stderr.starts_with("error:") && stderr.trim().lines().count() == 1, "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn rows_start_where_offset_says() {
+    for offset in ["0", "16", "60"] {
+        let (code, stdout, stderr) =
+            run(&["bench", "--vocab", "3000", "--offset", offset, "--seconds", "0.01", "--json", "--chain", "greedy"]);
+        assert_eq!(code, 0, "{stderr}");
+        let line: Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+        assert_eq!(line["offset"].to_string(), offset, "{line}");
+        assert_eq!(line["path"], "fast:greedy");
+    }
+    let (code, stdout, stderr) =
+        run(&["bench", "--vocab", "3000", "--offset", "16", "--seconds", "0.01", "--chain", "greedy"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("16 bytes past a 64-byte boundary"), "{stdout}");
 }

@@ -55,6 +55,23 @@ pub struct BenchArgs {
     /// the rounded values, so the ratio includes the widening.
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
+
+    /// Where each f32 row starts, in bytes past a 64-byte boundary (a multiple of 4 below 64),
+    /// the same for every run. 0 is how PyTorch and ggml place their buffers; glibc puts a
+    /// Rust `Vec<f32>` of 128 KiB or more 16 bytes past a page boundary (`--offset 16`). Rows
+    /// off a 32-byte boundary cost some kernels loads that straddle cache lines.
+    #[arg(long, value_name = "BYTES", default_value_t = 0, value_parser = parse_offset)]
+    pub offset: usize,
+}
+
+/// `--offset`: a multiple of 4 below 64.
+fn parse_offset(s: &str) -> Result<usize, String> {
+    let bytes: usize = s.parse().map_err(|_| format!("`{s}` is not a whole number of bytes"))?;
+    if bytes < 64 && bytes.is_multiple_of(4) {
+        Ok(bytes)
+    } else {
+        Err(format!("{bytes} is not a multiple of 4 below 64 (an f32 row starts on a 4-byte boundary)"))
+    }
 }
 
 /// `--rows`.

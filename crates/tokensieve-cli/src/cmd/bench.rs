@@ -7,7 +7,9 @@
 //! generation). A chain with `penalties` first gets a 64-token history before timing starts.
 //! A batch on `T > 1` threads is timed from one of the pool's threads (the caller among the
 //! `T`, as an engine's worker calls `batch::sample`), beside the same batch sampled by a plain
-//! loop on that thread, for the speed-up over one thread.
+//! loop on that thread, for the speed-up over one thread. Each f32 row starts `--offset` bytes
+//! past a 64-byte boundary (0 by default), so that where the allocator put it does not move
+//! the numbers from one run to the next.
 
 use crate::args::InputArgs;
 use crate::args::{BenchArgs, DtypeArg, RowsArg};
@@ -72,6 +74,8 @@ struct Line<'a> {
     isa: String,
     convention: &'a str,
     dtype: &'static str,
+    /// `--offset`: the f32 rows' start, in bytes past a 64-byte boundary.
+    offset: usize,
 }
 
 /// What is timed for one spec.
@@ -132,16 +136,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut out = stdout.lock();
     for &v in &args.vocab {
         let v = v as usize;
-        let mut rows: Vec<Vec<f32>> = (0..batch).map(|i| make_row(args.rows, real.as_deref(), v, i as u64)).collect();
-        let v = rows[0].len();
-        let typed = Typed::new(args.dtype, &mut rows);
+        let mut made: Vec<Vec<f32>> = (0..batch).map(|i| make_row(args.rows, real.as_deref(), v, i as u64)).collect();
+        let v = made[0].len();
+        let typed = Typed::new(args.dtype, &mut made);
+        let placed: Vec<Placed> = made.iter().map(|r| Placed::new(r, args.offset)).collect();
+        let rows: Vec<&[f32]> = placed.iter().map(Placed::row).collect();
         if !args.json {
             let note = progress.as_ref().map(|_| "").unwrap_or("");
             let line = format!(
-                "{note}V = {v}, batch {batch}, {threads} thread(s), rows {:?} {:?} (entropy {:.2} nats), isa {isa}, vectorised expf: {}, convention {}",
+                "{note}V = {v}, batch {batch}, {threads} thread(s), rows {:?} {:?} (entropy {:.2} nats, {} bytes past a 64-byte boundary), isa {isa}, vectorised expf: {}, convention {}",
                 args.rows,
                 args.dtype,
-                bench_rows::entropy(&rows[0]),
+                bench_rows::entropy(rows[0]),
+                args.offset,
                 if arch::vectorised_exp() { "yes" } else { "no" },
                 args.convention,
             )
@@ -184,6 +191,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     DtypeArg::F16 => "f16",
                     DtypeArg::Bf16 => "bf16",
                 },
+                offset: args.offset,
             };
             let text = if args.json {
                 serde_json::to_string(&line)?
@@ -291,7 +299,7 @@ type Step<'a> = &'a mut dyn FnMut() -> Result<()>;
 /// going first after the floor pass: at a batch's size (64 rows of 128k are 32 MiB) the one
 /// that follows it finds more of the rows still in L3, which moved a two-thread batch's
 /// speed-up over one thread between 1.55x and 1.7x (Zen 3) with the order fixed either way.
-fn time_loop(seconds: f64, rows: &[Vec<f32>], steps: &mut [Step<'_>]) -> Result<Timings> {
+fn time_loop(seconds: f64, rows: &[&[f32]], steps: &mut [Step<'_>]) -> Result<Timings> {
     let per_token = rows.len() as f64;
     let floor = || {
         let t = Instant::now();
@@ -327,7 +335,7 @@ fn time_loop(seconds: f64, rows: &[Vec<f32>], steps: &mut [Step<'_>]) -> Result<
 
 /// Times a batch step, called from one of the pool's threads; beside it, on a pool of more
 /// than one thread, the same batch sampled one row after the other on this thread.
-fn time_batch(seconds: f64, rows: &[Vec<f32>], batched: Step<'_>, one_by_one: Step<'_>) -> Result<Timings> {
+fn time_batch(seconds: f64, rows: &[&[f32]], batched: Step<'_>, one_by_one: Step<'_>) -> Result<Timings> {
     if rayon::current_num_threads() > 1 {
         time_loop(seconds, rows, &mut [batched, one_by_one])
     } else {
@@ -341,6 +349,28 @@ fn path_name(p: tokensieve::convention::llama_cpp::dense::Path) -> String {
         Path::Array => "array".into(),
         Path::Fast(s) => format!("fast:{s}"),
         Path::Fallback(s) => format!("fallback:{s}"),
+    }
+}
+
+/// An f32 row copied to start `offset` bytes past a 64-byte boundary (`--offset`), so that
+/// every run reads it at the same alignment.
+struct Placed {
+    buf: Vec<f32>,
+    at: usize,
+    len: usize,
+}
+
+impl Placed {
+    fn new(row: &[f32], offset: usize) -> Placed {
+        let mut buf = vec![0.0f32; row.len() + 32];
+        // `align_offset` of an f32 pointer to 64 bytes is at most 15 floats.
+        let at = buf.as_ptr().align_offset(64) + offset / 4;
+        buf[at..at + row.len()].copy_from_slice(row);
+        Placed { buf, at, len: row.len() }
+    }
+
+    fn row(&self) -> &[f32] {
+        &self.buf[self.at..self.at + self.len]
     }
 }
 
@@ -370,10 +400,10 @@ impl Typed {
     }
 
     /// Row `i` of `rows` (each `v` long) as the sampler receives it.
-    fn row<'a>(&'a self, rows: &'a [Vec<f32>], i: usize) -> Logits<'a> {
+    fn row<'a>(&'a self, rows: &[&'a [f32]], i: usize) -> Logits<'a> {
         let v = rows[i].len();
         match self {
-            Typed::F32 => Logits::F32(&rows[i]),
+            Typed::F32 => Logits::F32(rows[i]),
             Typed::F16(h) => Logits::F16(&h[i * v..(i + 1) * v]),
             Typed::Bf16(b) => Logits::Bf16(&b[i * v..(i + 1) * v]),
         }
@@ -383,7 +413,7 @@ impl Typed {
 fn measure_chain(
     spec: &str,
     convention: Convention,
-    rows: &[Vec<f32>],
+    rows: &[&[f32]],
     typed: &Typed,
     pool: &rayon::ThreadPool,
     seconds: f64,
@@ -447,7 +477,7 @@ fn measure_chain(
 
 fn measure_logprobs(
     n: usize,
-    rows: &[Vec<f32>],
+    rows: &[&[f32]],
     typed: &Typed,
     pool: &rayon::ThreadPool,
     seconds: f64,
