@@ -99,10 +99,11 @@ pub(super) unsafe fn load_block(p: *const f32) -> [__m256; 8] {
 /// compares that take these vectors do not depend on the order of the entries.
 ///
 /// PERF: with unaligned loads, half of them straddle two cache lines on a row 16 bytes past a
-/// boundary (glibc's placement of a `Vec` of 128 KiB or more). On an Intel Xeon with AVX-512,
-/// `locate_max` (greedy's pass; one process, alternating with the unaligned version) took
-/// 2.19 µs this way against 2.62–2.65 at V = 32,000, and 10.3 against 12.2–12.4 at 128,256;
-/// on the same rows aligned, 2.0 and 9.6–9.7 either way.
+/// boundary (glibc's placement of a `Vec` of 128 KiB or more). On an Intel Xeon with AVX-512
+/// (one process, alternating with the unaligned loads, rows 16 and 48 bytes past a 64-byte
+/// boundary): [`summarize`] 1.37–1.39 µs against 1.72 at V = 32,000 and 5.1–6.3 against
+/// 6.5–7.9 at 128,256; `locate_max` (greedy's pass) 1.47–1.51 against 2.07, and 5.8–7.1
+/// against 8.0–9.6. AVX-512VL's one-uop mask blend in place of `vblendvps` measured the same.
 #[derive(Clone, Copy)]
 pub(super) struct Realign {
     shift: usize,
