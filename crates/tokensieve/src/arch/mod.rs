@@ -2364,17 +2364,33 @@ mod tests {
                     prop_assert!(!s.suspect && s.max == m, "{} at offset {}", name, offset);
                     prop_assert_eq!(s.max_block, first / BLOCK, "{} at offset {}", name, offset);
                 }
-                let i = at + bad.index(n);
-                let keep = buf[i];
-                buf[i] = if nan { f32::NAN } else { f32::INFINITY };
-                let row = &buf[at..at + n];
-                for (name, kernel) in summarize_kernels() {
-                    prop_assert!(kernel(row, &mut Vec::new()).suspect, "{} at offset {}", name, offset);
+                // A bad value anywhere, and among the entries before the first boundary.
+                for i in [at + bad.index(n), at + 1] {
+                    let keep = buf[i];
+                    buf[i] = if nan { f32::NAN } else { f32::INFINITY };
+                    let row = &buf[at..at + n];
+                    for (name, kernel) in summarize_kernels() {
+                        prop_assert!(kernel(row, &mut Vec::new()).suspect, "{} at offset {}", name, offset);
+                    }
+                    for (name, kernel) in locate_max_kernels() {
+                        prop_assert!(kernel(row).suspect, "{} at offset {}", name, offset);
+                    }
+                    buf[i] = keep;
                 }
-                for (name, kernel) in locate_max_kernels() {
-                    prop_assert!(kernel(row).suspect, "{} at offset {}", name, offset);
+                // The maximum among those entries, and twice: in them and in a later block.
+                for later in [None, Some(at + n - 1)] {
+                    let keep = (buf[at + 1], buf[at + n - 1]);
+                    buf[at + 1] = 31.0;
+                    if let Some(j) = later {
+                        buf[j] = 31.0;
+                    }
+                    let row = &buf[at..at + n];
+                    for (name, kernel) in locate_max_kernels() {
+                        let s = kernel(row);
+                        prop_assert!(!s.suspect && s.max == 31.0 && s.max_block == 0, "{} at offset {}", name, offset);
+                    }
+                    (buf[at + 1], buf[at + n - 1]) = keep;
                 }
-                buf[i] = keep;
             }
         }
 
