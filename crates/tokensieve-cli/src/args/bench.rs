@@ -57,7 +57,7 @@ pub struct BenchArgs {
     pub dtype: DtypeArg,
 
     /// Where each f32 row starts, in bytes past a 64-byte boundary (a multiple of 4 below 64),
-    /// the same for every run. 0 is how PyTorch and ggml place their buffers; glibc puts a
+    /// the same for every run (with --batch, the batch's buffer; its rows follow one another). 0 is how PyTorch and ggml place their buffers; glibc puts a
     /// Rust `Vec<f32>` of 128 KiB or more 16 bytes past a page boundary (`--offset 16`). Rows
     /// off a 32-byte boundary cost some kernels loads that straddle cache lines.
     #[arg(long, value_name = "BYTES", default_value_t = 0, value_parser = parse_offset)]

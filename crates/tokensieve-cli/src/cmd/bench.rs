@@ -8,8 +8,9 @@
 //! A batch on `T > 1` threads is timed from one of the pool's threads (the caller among the
 //! `T`, as an engine's worker calls `batch::sample`), beside the same batch sampled by a plain
 //! loop on that thread, for the speed-up over one thread. Each f32 row starts `--offset` bytes
-//! past a 64-byte boundary (0 by default), so that where the allocator put it does not move
-//! the numbers from one run to the next.
+//! past a 64-byte boundary (0 by default; a batch's buffer starts there, its rows follow one
+//! another), so that where the allocator put it does not move the numbers from one run to the
+//! next.
 
 use crate::args::InputArgs;
 use crate::args::{BenchArgs, DtypeArg, RowsArg};
@@ -443,9 +444,10 @@ fn measure_chain(
             }],
         )?
     } else {
-        let flat: Vec<f32> = rows.concat();
+        // The batch's rows one after the other, the first where the single rows start.
+        let flat = Placed::new(&rows.concat(), rows[0].as_ptr() as usize % 64);
         let all = match typed {
-            Typed::F32 => Logits::F32(&flat),
+            Typed::F32 => Logits::F32(flat.row()),
             Typed::F16(h) => Logits::F16(h),
             Typed::Bf16(b) => Logits::Bf16(b),
         };
