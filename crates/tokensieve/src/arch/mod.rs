@@ -395,6 +395,9 @@ pub struct Summary {
 
 /// One pass over `row`: validation, the maximum and the maximum of every [`BLOCK`] of
 /// entries (the last block may be shorter), written to `block_max` (replacing its contents).
+/// Where a block's largest entries are `+0.0` and `-0.0`, its maximum is either (which one may
+/// depend on where the row lies in memory: the SIMD kernels read a misaligned row's blocks
+/// in another order).
 pub fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
     let c = caps();
     // The x86 kernels size `block_max` and write every entry: a row of the last row's length
