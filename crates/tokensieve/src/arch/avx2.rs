@@ -601,8 +601,9 @@ pub unsafe fn locate_max(row: &[f32]) -> Summary {
 /// aligned block that holds it. Unlike the block maxima of [`summarize`], the maximum and the
 /// NaN watch do not care where blocks start. PERF: on a row 16 or 48 bytes past a 64-byte
 /// boundary this took 3–5% longer than on an aligned row (the entries before the boundary and
-/// the lookup), where unaligned loads took 30% longer and nine aligned loads with a blend per
-/// block ([`Realign`]) 13% (Intel Xeon with AVX-512, V = 32,000 and 128,256, one process).
+/// the lookup), where unaligned loads took a third to a half longer and nine aligned loads with
+/// a blend per block ([`Realign`]) 11–13% (Intel Xeon with AVX-512, V = 32,000 and 128,256, one
+/// process).
 #[inline(always)]
 pub(super) unsafe fn locate_max_with<W: NanWatch>(row: &[f32]) -> Summary {
     let head = row.as_ptr().align_offset(32);
