@@ -922,12 +922,13 @@ pub unsafe fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<
 /// (Sapphire Rapids class). In the bench (interleaved, 5 to 7 pairs): raw `logprobs(20)` at
 /// 32k 2.70× → 2.62× the floor, the default chain at 128k 1.112× → 1.100×, at 32k unchanged.
 ///
-/// Measured on Zen 4 and not taken, with the 57 blocks that reach the top 60 of the bench's
-/// row at V = 32,000 (0.33 µs there, the blocks in L1): an AVX-512 kernel that lists the
-/// passing blocks with a compress per 16 maxima and takes each block's mask from 4 compares,
-/// 0.21–0.30 µs alone but within noise of this one in the chains (`tokensieve bench`,
-/// interleaved, 2.04× against 2.04× at 32k); compressing each block's entries instead of
-/// visiting its mask's bits, 0.41 µs (the register compresses are slow on Zen 4).
+/// On CPUs with AVX-512F, [`super::avx512::gather_blocks_ge`] runs instead: a compress per 16
+/// maxima for the listing and four compares per block. On Zen 4 it measured 0.21–0.30 µs
+/// alone against 0.33 but within noise in the chains (`tokensieve bench`, interleaved, 2.04×
+/// against 2.04× at 32k, with the 57 blocks that reach the top 60 of the bench's row); on an
+/// Intel Xeon, alternating call by call, it took a third less (see there). Compressing each
+/// block's entries instead of visiting its mask's bits took 0.41 µs on Zen 4 (the register
+/// compresses are slow there).
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).

@@ -167,14 +167,13 @@ fn caps() -> Caps {
             // SAFETY: AVX2, FMA, BMI1 and POPCNT were detected above, AVX-512F where `avx512`
             // says so.
             let exact_exp64 = unsafe { exp64::replica_agrees(avx512) };
+            let avx512vl = avx512 && std::is_x86_feature_detected!("avx512vl");
             return Caps {
                 isa: Isa::Avx2,
                 exact_exp,
                 f16c: std::is_x86_feature_detected!("f16c"),
                 avx512,
-                avx512vl: !no_avx512
-                    && std::is_x86_feature_detected!("avx512f")
-                    && std::is_x86_feature_detected!("avx512vl"),
+                avx512vl,
                 exact_exp64,
             };
         }
@@ -324,9 +323,9 @@ pub fn isa() -> Isa {
     caps().isa
 }
 
-/// True when the AVX-512 kernels of [`exp_block_sums_approx`] and [`exp_sum_sequential`] are
-/// in use (AVX-512F detected beside AVX2, FMA, BMI1 and POPCNT). The other kernels are AVX2's
-/// either way (but see [`avx512vl`]).
+/// True when the AVX-512 kernels of [`exp_block_sums_approx`], [`exp_sum_sequential`] and
+/// [`gather_blocks_ge`] are in use (AVX-512F detected beside AVX2, FMA, BMI1 and POPCNT). The
+/// other kernels are AVX2's either way (but see [`avx512vl`]).
 pub fn avx512() -> bool {
     caps().avx512
 }
@@ -633,8 +632,13 @@ pub fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<TokenDa
 /// maxima of the blocks of `row` (as [`summarize`] writes them).
 pub fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, out: &mut Vec<TokenData>) {
     assert_eq!(block_max.len(), row.len().div_ceil(BLOCK), "gather_blocks_ge: wrong block count");
-    match caps().isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
+    let c = caps();
+    match c.isa {
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime,
+        // `avx512` only beside them when AVX-512F was too.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if c.avx512 => unsafe { avx512::gather_blocks_ge(row, block_max, threshold, out) },
+        // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::gather_blocks_ge(row, block_max, threshold, out) },
         // SAFETY: the module exists only where the target enables NEON.
@@ -1962,6 +1966,25 @@ mod tests {
                 for_each_ge: |b, t, f| unsafe { avx2::for_each_ge(b, t, f) },
             });
         }
+        #[cfg(target_arch = "x86_64")]
+        if avx512vl_available() {
+            // What the dispatch runs on an AVX-512 CPU: AVX-512's kernels where it has its
+            // own, AVX2's for the rest.
+            // SAFETY (every closure): AVX-512F, AVX-512VL, AVX2, FMA, BMI1 and POPCNT were
+            // detected just above.
+            kernels.push(RowKernels {
+                name: "avx512",
+                max: |r| unsafe { avx2::max(r) },
+                min: |r| unsafe { avx2::min(r) },
+                argmax: |r| unsafe { avx2::argmax(r) },
+                summarize: |r, bm| unsafe { avx512::summarize(r, bm) },
+                block_max_into: |r, o| unsafe { avx2::block_max_into(r, o) },
+                count_ge: |r, t| unsafe { avx2::count_ge(r, t) },
+                gather_ge: |b, base, t, o| unsafe { avx2::gather_ge(b, base, t, o) },
+                gather_blocks_ge: |r, bm, t, o| unsafe { avx512::gather_blocks_ge(r, bm, t, o) },
+                for_each_ge: |b, t, f| unsafe { avx2::for_each_ge(b, t, f) },
+            });
+        }
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
         // SAFETY (every closure): the module exists only where the target enables NEON.
         kernels.push(RowKernels {
@@ -2332,6 +2355,12 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             let mut want: Vec<f32> = r.iter().copied().filter(|&x| x >= t).collect();
             want.sort_by(f32::total_cmp);
+            let want_gathered: Vec<TokenData> = r
+                .iter()
+                .enumerate()
+                .filter(|(_, &x)| x >= t)
+                .map(|(i, &x)| TokenData { id: i as u32, logit: x, p: 0.0 })
+                .collect();
             let mut collector = Collector::default();
             for offset in 0..16 {
                 let at = skip + offset;
@@ -2361,6 +2390,9 @@ mod tests {
                     let mut bm3 = vec![0.0; bm.len()];
                     prop_assert!((k.block_max_into)(row, &mut bm3) == m, "{} at offset {}", name, offset);
                     prop_assert_eq!(&bm3, &bm, "{} at offset {}", name, offset);
+                    let mut g = Vec::new();
+                    (k.gather_blocks_ge)(row, &bm, t, &mut g);
+                    prop_assert_eq!(&g, &want_gathered, "{} at offset {}", name, offset);
                 }
                 for (name, kernel) in locate_max_kernels() {
                     let s = kernel(row);
