@@ -426,7 +426,7 @@ fn top_from_blocks(r: &[f32], max: f32, n: usize, s: &mut RawScratch, out: &mut 
         s.keys.select_nth_unstable(n - 1);
         s.keys.truncate(n);
     }
-    s.keys.sort_unstable();
+    crate::arch::sort_keys(&mut s.keys);
     out.extend(s.keys.iter().map(|&k| TokenLogprob { token: k as u32, logprob: r[k as u32 as usize] }));
 }
 

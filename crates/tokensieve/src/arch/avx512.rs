@@ -923,3 +923,71 @@ unsafe fn load_lanes(xs: &[f32], first: usize) -> (__m512, u16) {
     // SAFETY: `lanes` covers only entries of `xs` (whose length is a multiple of 8).
     (_mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), lanes, xs.as_ptr().add(first)), lanes)
 }
+
+/// See [`super::sort_keys`]: `keys` (16 to 64 of them) sorted by counting, for each key, the
+/// keys below it: with `8 · NV` keys in `NV` registers, one broadcast, `NV` compares and `NV`
+/// masked increments per key, no branch on the data. Each key's count is its place when the
+/// keys are distinct, which is checked (the places must be `0..n`, each once); returns false,
+/// with `keys` untouched, when they are not.
+///
+/// PERF: on an Intel Xeon with AVX-512 (alternating call by call with `sort_unstable`, random
+/// distinct keys, timer included): 161–165 ns against 253–254 for 40 keys, 217–361 against
+/// 432–617 for 46, 287–313 against 428–456 for 64; 64–80 against 79–105 for 16. The
+/// comparison sort's branches mispredict on keys in no order. In llama.cpp's default chain
+/// at V = 32,000 (46 keys; six runs of 30,000 calls, alternating call by call with
+/// `sort_unstable`): 3.55–3.72 µs against 3.77–3.92, 2.12–2.16× the floor against
+/// 2.24–2.28×. Not measured on Zen 4, where
+/// 512-bit operations run at half rate (an earlier counting sort took 220 ns for 40 keys
+/// there, against 135 for `sort_unstable`; see `convention::transformers::tail`).
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA and POPCNT.
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
+pub(crate) unsafe fn sort_keys_by_rank(keys: &mut [u64]) -> bool {
+    match keys.len() {
+        16 => rank_sort::<2>(keys),
+        17..=32 => rank_sort::<4>(keys),
+        33..=48 => rank_sort::<6>(keys),
+        49..=64 => rank_sort::<8>(keys),
+        _ => false,
+    }
+}
+
+/// [`sort_keys_by_rank`] for `keys.len() <= 8 * NV` (and at most 64).
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
+#[inline]
+unsafe fn rank_sort<const NV: usize>(keys: &mut [u64]) -> bool {
+    let n = keys.len();
+    debug_assert!(n <= 8 * NV && n <= 64);
+    // Past the keys, `u64::MAX`: such a lane counts keys too, but nothing reads its count.
+    let mut buf = [u64::MAX; 64];
+    buf[..n].copy_from_slice(keys);
+    // SAFETY: `buf` holds 64 >= 8 · NV keys.
+    let lanes: [__m512i; NV] = std::array::from_fn(|v| _mm512_loadu_si512(buf.as_ptr().add(8 * v) as *const _));
+    let mut below = [_mm512_setzero_si512(); NV];
+    let one = _mm512_set1_epi64(1);
+    for &k in keys.iter() {
+        let b = _mm512_set1_epi64(k as i64);
+        for (count, &lane) in below.iter_mut().zip(&lanes) {
+            // Lanes whose key is above `k` count it.
+            *count = _mm512_mask_add_epi64(*count, _mm512_cmplt_epu64_mask(b, lane), *count, one);
+        }
+    }
+    let mut place = [0u64; 64];
+    for (v, count) in below.iter().enumerate() {
+        // SAFETY: `place` holds 64 >= 8 · NV counts.
+        _mm512_storeu_si512(place.as_mut_ptr().add(8 * v) as *mut _, *count);
+    }
+    // Each count is below `n` (a key is not below itself). Distinct keys have distinct
+    // counts; equal keys share one, leaving another place empty.
+    let filled = place[..n].iter().fold(0u64, |m, &p| m | 1 << p);
+    if filled != u64::MAX >> (64 - n) {
+        return false;
+    }
+    let mut sorted = [0u64; 64];
+    for (&p, &k) in place[..n].iter().zip(&buf[..n]) {
+        sorted[p as usize] = k;
+    }
+    keys.copy_from_slice(&sorted[..n]);
+    true
+}

@@ -648,6 +648,21 @@ pub fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold: f32, out: &mu
     }
 }
 
+/// `keys` in ascending order, as `sort_unstable` leaves them. With AVX-512F, 16 to 64
+/// distinct keys are placed by counting the keys below each (no branch on the data, where a
+/// comparison sort's branches mispredict on keys in no order); otherwise `sort_unstable`.
+/// The small lists of candidates sorted per token (a top-k's superset, the logprobs' top, the
+/// transformers paths' survivors) are such keys.
+pub(crate) fn sort_keys(keys: &mut [u64]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `avx512` is only set beside `Isa::Avx2`, when AVX-512F, AVX2, FMA, BMI1 and
+    // POPCNT were detected at runtime.
+    if caps().avx512 && unsafe { avx512::sort_keys_by_rank(keys) } {
+        return;
+    }
+    keys.sort_unstable();
+}
+
 /// `out[i] = floor(clamp(v, 0, last))` or one less, as a byte, for a lower bound `v` on
 /// `m2 - block_max[i] · s2` (the rungs of [`NearSums`](crate::convention::llama_cpp::dense)):
 /// `p = fl32(block_max[i] · s2)` clamped at -1e30, `v = fl32(m2 - p)` less
@@ -2157,6 +2172,60 @@ mod tests {
                 rungs_with(&maxima, s2, m2, 127.0, &mut want);
                 assert_eq!(got, want, "len {len}, t {t}, max {max}");
                 assert!(got.iter().all(|&k| k <= 127));
+            }
+        }
+    }
+
+    /// [`sort_keys`] is `sort_unstable`, for every length around the counting sort's range
+    /// (16 to 64 keys), distinct keys and keys with repeats (which the counting sort must
+    /// refuse, leaving them to `sort_unstable`), in random, ascending and descending order.
+    #[test]
+    fn sort_keys_is_sort_unstable() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state >> 11
+        };
+        for len in 0..=80usize {
+            for trial in 0..40 {
+                let keys: Vec<u64> = match trial % 4 {
+                    // Distinct: the low half is the position, as the callers' keys.
+                    0 => (0..len as u64).map(|i| (next() << 32) | i).collect(),
+                    // Whole-range values (distinct but for a rare collision).
+                    1 => (0..len).map(|_| next() ^ (next() << 53)).collect(),
+                    // Few values: repeats.
+                    2 => (0..len).map(|_| next() % 5).collect(),
+                    // Extremes and one repeat.
+                    _ => (0..len as u64).map(|i| if i == 1 { 0 } else { u64::MAX - i }).collect(),
+                };
+                for keys in [
+                    keys.clone(),
+                    {
+                        let mut k = keys.clone();
+                        k.sort_unstable();
+                        k
+                    },
+                    {
+                        let mut k = keys;
+                        k.sort_unstable_by(|a, b| b.cmp(a));
+                        k
+                    },
+                ] {
+                    let mut want = keys.clone();
+                    want.sort_unstable();
+                    let mut got = keys.clone();
+                    sort_keys(&mut got);
+                    assert_eq!(got, want, "len {len}, trial {trial}");
+                    #[cfg(target_arch = "x86_64")]
+                    if avx512_available() {
+                        let mut direct = keys.clone();
+                        // SAFETY: AVX-512F, AVX2, FMA, BMI1 and POPCNT were detected.
+                        let sorted = unsafe { avx512::sort_keys_by_rank(&mut direct) };
+                        let distinct = want.windows(2).all(|w| w[0] < w[1]);
+                        assert_eq!(sorted, distinct && (16..=64).contains(&len), "len {len}, trial {trial}");
+                        assert_eq!(&direct, if sorted { &want } else { &keys }, "len {len}, trial {trial}");
+                    }
+                }
             }
         }
     }

@@ -1220,11 +1220,11 @@ fn rank_top(k: usize, r: &[f32], s: &mut Scratch, lowered: Option<&Penalties>) -
     rank_keys(g, keys);
     if keys.len() > 2 * k {
         keys.select_nth_unstable(k);
-        keys[..k].sort_unstable();
+        arch::sort_keys(&mut keys[..k]);
     } else {
         // A superset not much larger than k (the usual case): one sort is cheaper than
         // selecting first.
-        keys.sort_unstable();
+        arch::sort_keys(keys);
     }
     let logit = |i: usize| g[keys[i] as u32 as usize].logit;
     // Distinct kept values, and the first dropped one strictly below the last kept.
@@ -3137,7 +3137,7 @@ fn raw_logprobs_f32(
             keys.select_nth_unstable(n);
         }
         let keep = n.min(keys.len());
-        keys[..keep].sort_unstable();
+        arch::sort_keys(&mut keys[..keep]);
         out.extend(keys[..keep].iter().map(|&key| {
             let t = g[key as u32 as usize];
             crate::logprobs::TokenLogprob { token: t.id, logprob: t.logit }

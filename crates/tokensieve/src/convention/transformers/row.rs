@@ -874,7 +874,7 @@ fn top_p_within(
     let keys = &mut s.gathered_ranks;
     keys.clear();
     keys.extend(g[cut..].iter().map(|tok| (u64::from(tok.id) << 32) | u64::from(tok.logit.to_bits())));
-    keys.sort_unstable();
+    arch::sort_keys(keys);
     c.data.extend(keys.iter().map(|&k| TokenData { id: (k >> 32) as u32, logit: f32::from_bits(k as u32), p: 0.0 }));
     c.sparse = true;
     Ok(true)
@@ -1094,7 +1094,7 @@ fn draw_over_cuts(first: usize, last: usize, u: f64, s: &mut Scratch) -> Option<
     let keys = &mut s.gathered_ranks;
     keys.clear();
     keys.extend(s.gathered[first..].iter().enumerate().map(|(i, tok)| (u64::from(tok.id) << 32) | (first + i) as u64));
-    keys.sort_unstable();
+    arch::sort_keys(keys);
     let w = &s.top_weights;
     let choose = |cut: usize| {
         let kept = || keys.iter().map(|&k| k as u32 as usize).filter(move |&at| at >= cut);
@@ -1129,7 +1129,7 @@ fn draw_over_cuts(first: usize, last: usize, u: f64, s: &mut Scratch) -> Option<
 fn sort_ascending_by_logit_then_id(data: &mut [TokenData], keys: &mut Vec<u64>) {
     keys.clear();
     keys.extend(data.iter().map(|t| (u64::from(total_order_key(t.logit)) << 32) | u64::from(t.id)));
-    keys.sort_unstable();
+    arch::sort_keys(keys);
     for (t, &k) in data.iter_mut().zip(keys.iter()) {
         *t = TokenData { id: k as u32, logit: from_sort_key((k >> 32) as u32), p: 0.0 };
     }
