@@ -92,7 +92,19 @@ pub struct Penalties {
     window: VecDeque<u32>,
     /// Token -> occurrences in `window` (only tokens with a count > 0).
     counts: IdMap<u32>,
+    /// The occurrences in `window` of the tokens in each slot `token % SLOTS` (empty until
+    /// the first token is accepted): a zero answers [`count`](Self::count) without the map.
+    slots: Vec<u32>,
 }
+
+/// The slots of [`Penalties`]'s filter: 8 KiB of counters, stays in L1.
+///
+/// PERF: the fast top-k paths look up every gathered entry (about 50 at V = 32,000), and most
+/// are not in the window: a map lookup each took 3.7% of llama.cpp's default chain with
+/// penalties in a profile at 32k. With the slots first, that chain took 4.17–4.53 µs against
+/// 4.24–4.62 (four runs alternating call by call, Intel Xeon). With 64 tokens in the window,
+/// about 3% of the other tokens share a slot with one of them and still go to the map.
+const SLOTS: usize = 2048;
 
 impl Penalties {
     /// Penalties over the last `last_n` tokens (`< 0` is treated as 0 = off): `repeat` (finite,
@@ -109,6 +121,7 @@ impl Penalties {
             present: require_finite("penalties", "present", present)?,
             window: VecDeque::new(),
             counts: IdMap::default(),
+            slots: Vec::new(),
         })
     }
 
@@ -132,7 +145,11 @@ impl Penalties {
     /// `token`'s count in the window, `None` when it is not there.
     #[inline]
     pub(crate) fn count(&self, token: u32) -> Option<u32> {
-        self.counts.get(&token).copied()
+        // No slots yet: nothing was accepted.
+        match self.slots.get(token as usize % SLOTS) {
+            Some(0) | None => None,
+            _ => self.counts.get(&token).copied(),
+        }
     }
 
     /// Whether every logit it edits goes down or stays, whatever the count: `repeat >= 1`
@@ -182,11 +199,16 @@ impl Sampler for Penalties {
         if self.is_inert() {
             return;
         }
+        if self.slots.is_empty() {
+            self.slots = vec![0; SLOTS];
+        }
         *self.counts.entry(token).or_insert(0) += 1;
+        self.slots[token as usize % SLOTS] += 1;
         if self.window.len() >= self.last_n {
             if let Some(old) = self.window.pop_front() {
                 if let Some(n) = self.counts.get_mut(&old) {
                     *n -= 1;
+                    self.slots[old as usize % SLOTS] -= 1;
                     if *n == 0 {
                         self.counts.remove(&old);
                     }
@@ -199,6 +221,7 @@ impl Sampler for Penalties {
     fn reset(&mut self) {
         self.window.clear();
         self.counts.clear();
+        self.slots.fill(0);
     }
 
     fn is_inert(&self) -> bool {
@@ -257,6 +280,36 @@ mod tests {
             }
             let got = probs_after(&mut pen, &flat);
             assert!(close(&got, expected), "{history:?}: {got:?} vs {expected:?}");
+        }
+    }
+
+    /// `count` is the window's count of the token, through windows that slide, tokens that
+    /// share a slot (ids `SLOTS` apart) and a reset, against a plain count of the window.
+    #[test]
+    fn count_is_the_windows_count_with_shared_slots() {
+        let mut state = 0x853c_49e6_748f_ea9bu64;
+        for last_n in [1, 3, 64, 200] {
+            let mut pen = Penalties::new(last_n, 1.1, 0.1, 0.1).unwrap();
+            assert_eq!(pen.count(5), None, "nothing accepted");
+            let mut window: VecDeque<u32> = VecDeque::new();
+            for step in 0..1500 {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                // A few slots, each shared by four ids.
+                let token = ((state >> 40) % 6) as u32 + SLOTS as u32 * ((state >> 50) % 4) as u32;
+                if step == 700 {
+                    pen.reset();
+                    window.clear();
+                }
+                pen.accept(token);
+                window.push_back(token);
+                if window.len() > last_n as usize {
+                    window.pop_front();
+                }
+                for probe in (0..8).flat_map(|t| (0..4).map(move |k| t + SLOTS as u32 * k)) {
+                    let n = window.iter().filter(|&&t| t == probe).count() as u32;
+                    assert_eq!(pen.count(probe), (n > 0).then_some(n), "last_n {last_n}, step {step}, token {probe}");
+                }
+            }
         }
     }
 
