@@ -99,9 +99,11 @@ fn machine() -> String {
         arch::isa(),
         match (arch::avx512(), arch::avx512vl()) {
             (true, true) => {
-                " (+ AVX-512 exp kernels: approximate block sums, llama.cpp's softmax sum; AVX-512VL NaN watch in the row summary)"
+                " (+ AVX-512 kernels: the floor's max pass, approximate block sums, llama.cpp's softmax sum, block gathers, small sorts; AVX-512VL NaN watch in the row summary)"
             }
-            (true, false) => " (+ AVX-512 exp kernels: approximate block sums, llama.cpp's softmax sum)",
+            (true, false) => {
+                " (+ AVX-512 kernels: the floor's max pass, approximate block sums, llama.cpp's softmax sum, block gathers, small sorts)"
+            }
             (false, true) => " (+ AVX-512VL NaN watch in the row summary)",
             (false, false) => "",
         },

@@ -131,8 +131,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         None
     };
 
-    let isa =
-        format!("{:?}{}", arch::isa(), if arch::avx512() { " (+avx-512 exp kernels)" } else { "" }).to_lowercase();
+    let isa = format!("{:?}{}", arch::isa(), if arch::avx512() { " (+avx-512 kernels and floor)" } else { "" })
+        .to_lowercase();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for &v in &args.vocab {

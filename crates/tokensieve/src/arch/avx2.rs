@@ -35,7 +35,8 @@ unsafe fn hmax(v: __m256) -> f32 {
 ///
 /// PERF: four accumulators (one 32-float step) cost 1.09 µs against 0.85 µs for eight at
 /// V = 32,000 on a Sapphire Rapids-class Xeon, and 8.0 against 6.7 µs at 262,144; six and
-/// twelve were no better than eight. This is the bench's floor: with four it ran slower than
+/// twelve were no better than eight. This is the bench's floor without AVX-512F (with it,
+/// [`super::avx512::max`]'s 16 lanes are): with four it ran slower than
 /// [`summarize`] (which has eight independent trees per group), so it was no floor there.
 /// Zen 4's `vmaxps` has a latency of 2 cycles; eight accumulators were not timed there.
 ///
@@ -103,7 +104,7 @@ pub(super) unsafe fn load_block(p: *const f32) -> [__m256; 8] {
 /// (one process, alternating with the unaligned loads, rows 16 and 48 bytes past a 64-byte
 /// boundary): [`summarize`] 1.37–1.39 µs against 1.72 at V = 32,000 and 5.1–6.3 against
 /// 6.5–7.9 at 128,256; `locate_max` (greedy's pass) 1.47–1.51 against 2.07, and 5.8–7.1
-/// against 8.0–9.6, before it moved its blocks instead ([`locate_max_with`]). AVX-512VL's
+/// against 8.0–9.6, before it moved its blocks instead ([`locate_max`]). AVX-512VL's
 /// one-uop mask blend in place of `vblendvps` measured the same.
 #[derive(Clone, Copy)]
 pub(super) struct Realign {
@@ -178,7 +179,7 @@ pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
     summarize_with::<FirstOperands>(row, block_max)
 }
 
-/// How [`summarize_with`] and [`locate_max_with`] take a block's max tree and watch the row
+/// How [`summarize_with`] and [`locate_max`] take a block's max tree and watch the row
 /// for NaN, which `vmaxps` can drop: by unordered compares of the tree's first operands here
 /// ([`FirstOperands`]), by mask compares of the entries in [`super::avx512`].
 pub(super) trait NanWatch {
@@ -586,32 +587,35 @@ unsafe fn block_max_firsts(x: [__m256; 8]) -> (__m256, __m256, __m256) {
 /// scalar compare per block. The tail is padded with its own first entry, which changes
 /// neither its maximum nor its NaN status.
 ///
+/// A row that does not start on a 32-byte boundary is scanned from its first boundary on, in
+/// blocks of 64 that are aligned but are not the row's ([`locate_from_boundary`]). Unlike the
+/// block maxima of [`summarize`], the maximum and the NaN watch do not care where blocks
+/// start. PERF: on a row 16 or 48 bytes past a 64-byte boundary this took 3–5% longer than on
+/// an aligned row (the entries before the boundary and the lookup), where unaligned loads took
+/// a third to a half longer and nine aligned loads with a blend per block ([`Realign`]) 11–13%
+/// (Intel Xeon with AVX-512, V = 32,000 and 128,256, one process).
+///
 /// # Safety
 /// The CPU must support AVX2, FMA, BMI1 and POPCNT (see the module docs).
 #[target_feature(enable = "avx2,fma,bmi1,popcnt")]
 pub unsafe fn locate_max(row: &[f32]) -> Summary {
-    locate_max_with::<FirstOperands>(row)
+    // SAFETY (closure): this function's features are `locate_blocks`'s. The scan is a function
+    // of its own (not an inlined closure) so that it is compiled with them.
+    locate_from_boundary(row, 32, |body| unsafe { locate_blocks(body) })
 }
 
-/// [`locate_max`] with the NaN watch `W` (see [`summarize_with`]).
-///
-/// A row that does not start on a 32-byte boundary is scanned from its first boundary on, in
-/// blocks of 64 that are aligned but are not the row's; the entries before it are taken one by
-/// one, and the row's block of the maximum is that of its first occurrence, looked up in the
-/// aligned block that holds it. Unlike the block maxima of [`summarize`], the maximum and the
-/// NaN watch do not care where blocks start. PERF: on a row 16 or 48 bytes past a 64-byte
-/// boundary this took 3–5% longer than on an aligned row (the entries before the boundary and
-/// the lookup), where unaligned loads took a third to a half longer and nine aligned loads with
-/// a blend per block ([`Realign`]) 11–13% (Intel Xeon with AVX-512, V = 32,000 and 128,256, one
-/// process).
+/// `blocks` (a [`super::locate_max`] in blocks of its own) over `row` from its first
+/// `align`-byte boundary, and the entries before it one by one; the summary of the whole row,
+/// with the block of the maximum's first occurrence in the row's own blocks (looked up in the
+/// scan's block that holds it).
 #[inline(always)]
-pub(super) unsafe fn locate_max_with<W: NanWatch>(row: &[f32]) -> Summary {
-    let head = row.as_ptr().align_offset(32);
+pub(super) fn locate_from_boundary(row: &[f32], align: usize, blocks: impl Fn(&[f32]) -> Summary) -> Summary {
+    let head = row.as_ptr().align_offset(align);
     if head == 0 || head >= row.len() {
-        return locate_blocks::<W>(row);
+        return blocks(row);
     }
     let (first, body) = row.split_at(head);
-    let s = locate_blocks::<W>(body);
+    let s = blocks(body);
     let first_max = first.iter().fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
     let max = if first_max >= s.max { first_max } else { s.max };
     let at = if first_max == max {
@@ -624,10 +628,11 @@ pub(super) unsafe fn locate_max_with<W: NanWatch>(row: &[f32]) -> Summary {
     Summary { max, max_block: at / BLOCK, suspect }
 }
 
-/// [`locate_max_with`] in the row's own blocks.
-#[inline(always)]
-unsafe fn locate_blocks<W: NanWatch>(row: &[f32]) -> Summary {
-    let mut watch = W::new();
+/// [`locate_max`] in the blocks of `row` itself.
+#[target_feature(enable = "avx2,fma,bmi1,popcnt")]
+#[inline]
+unsafe fn locate_blocks(row: &[f32]) -> Summary {
+    let mut watch = FirstOperands::new();
     let mut best = f32::NEG_INFINITY;
     let mut best_v = _mm256_set1_ps(best);
     // The start of the best block so far. PERF: a pointer rather than a block index keeps the

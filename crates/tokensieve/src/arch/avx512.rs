@@ -1,9 +1,10 @@
-//! AVX-512 versions of three kernels, 16 lanes instead of [`super::avx2`]'s 8: the approximate
+//! AVX-512 versions of kernels, 16 lanes instead of [`super::avx2`]'s 8: the approximate
 //! block sums ([`super::exp_block_sums_approx`] and [`super::exp_block_sums_approx_at`]), behind
 //! `dist`'s and transformers `top_p`'s bounds, and the block scan and the additions of
 //! [`super::exp_sum_sequential`] (llama.cpp's softmax sum; see [`exp_sum_sequential`] here).
-//! Besides, [`summarize`] and [`locate_max`]: AVX2's 8-lane kernels with AVX-512VL's mask
-//! compares as their NaN watch (`OrderedMasks`).
+//! Besides, [`summarize`]: AVX2's 8-lane kernel with AVX-512VL's mask compares as its NaN
+//! watch (`OrderedMasks`); and on 16 lanes, the floor's [`max`], greedy's [`locate_max`],
+//! [`gather_blocks_ge`] and the small sorts ([`sort_keys_by_rank`]).
 //!
 //! Every lane computes what an AVX2 lane computes, operation for operation (the same fused
 //! multiply-add for the argument, the same clamp, rounding trick and quintic, the same exponent
@@ -17,9 +18,9 @@
 //!
 //! Every function is `unsafe` for one reason only: it is compiled with
 //! `#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]` (and `avx512vl` for
-//! [`summarize`] and [`locate_max`]). SAFETY (callers): [`super`] calls these only after
-//! `is_x86_feature_detected!` returned true for `avx512f`, `popcnt`, `avx2` and `fma` (and
-//! `avx512vl` for those two).
+//! [`summarize`] and its widening and patching variants). SAFETY (callers): [`super`] calls
+//! these only after `is_x86_feature_detected!` returned true for `avx512f`, `popcnt`, `avx2`
+//! and `fma` (and `avx512vl` for those).
 //! Inside, the only other unsafe operations are unaligned loads and stores (`loadu`, `storeu`,
 //! their masked forms, no alignment requirement) whose bounds come from the slices they
 //! access, and aligned loads (`load`) at addresses `Realign16` rounds down to a 64-byte
@@ -35,6 +36,42 @@ use super::avx2::{
 use super::{Summary, APPROX_Y_MIN, BLOCK, EXP2_POLY};
 use crate::TokenData;
 use std::arch::x86_64::*;
+
+/// See [`super::max`]: [`super::avx2::max`] on 16 lanes. Eight accumulators of 16 floats
+/// (128 floats a step); the entries before the row's first 64-byte boundary are taken one by
+/// one, so that every vector load is aligned and none straddles two cache lines.
+///
+/// PERF: this is the bench's floor on CPUs with AVX-512F. On an Intel Xeon with AVX-512
+/// (alternating call by call, aligned rows) the 8-lane pass took 1.56–1.94 µs where this one
+/// took 1.23–1.51 at V = 32,000, and 6.1–7.6 against 4.8–6.0 at 128,256: the 8-lane pass was
+/// no floor there, and every ratio to it flattered the sampling by a fifth or more.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT.
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
+pub unsafe fn max(row: &[f32]) -> f32 {
+    let mut a = [_mm512_set1_ps(f32::NEG_INFINITY); 8];
+    let head = row.as_ptr().align_offset(64).min(row.len());
+    let (first, row) = row.split_at(head);
+    let (steps, rest) = row.as_chunks::<128>();
+    for c in steps {
+        let p = c.as_ptr();
+        for (k, acc) in a.iter_mut().enumerate() {
+            // SAFETY: `c` holds 128 floats from a 64-byte boundary, so the eight aligned
+            // 16-float loads at p, p+16, ..., p+112 are in bounds.
+            *acc = _mm512_max_ps(*acc, _mm512_load_ps(p.add(16 * k)));
+        }
+    }
+    let (vectors, tail) = rest.as_chunks::<16>();
+    for v in vectors {
+        // SAFETY: `v` holds 16 floats.
+        a[0] = _mm512_max_ps(a[0], _mm512_loadu_ps(v.as_ptr()));
+    }
+    let quads =
+        [_mm512_max_ps(a[0], a[1]), _mm512_max_ps(a[2], a[3]), _mm512_max_ps(a[4], a[5]), _mm512_max_ps(a[6], a[7])];
+    let m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(quads[0], quads[1]), _mm512_max_ps(quads[2], quads[3])));
+    first.iter().chain(tail).fold(m, |m, &x| if x > m { x } else { m })
+}
 
 /// See [`super::summarize`]: [`super::avx2`]'s kernel, with the NaN watch of `OrderedMasks`.
 ///
@@ -86,13 +123,67 @@ pub(crate) unsafe fn patch_summarize(
     avx2::patch_summarize_with::<OrderedMasks>(src, edits, div, out, block_max)
 }
 
-/// See [`super::locate_max`]: [`super::avx2`]'s kernel, with the NaN watch of `OrderedMasks`.
+/// See [`super::locate_max`]: [`super::avx2::locate_max`]'s scan on 16 lanes. Per block of 64
+/// entries: four aligned loads (the row is scanned from its first 64-byte boundary, in blocks
+/// of its own, as [`avx2::locate_max`] does from a 32-byte one), a max tree of three
+/// `vmaxps`, two masked compares `ordered(x, y)` ANDed into running masks (the NaN watch:
+/// every entry is compared, so it is exact), and one compare of the root with the best so far;
+/// the horizontal maximum only where that fires.
+///
+/// PERF: on an Intel Xeon with AVX-512 (one process, alternating call by call with the
+/// 16-lane [`max`], the floor, and the 8-lane scan, rows aligned and 16 bytes past a 64-byte
+/// boundary): 1.01–1.04× the floor at V = 32,000 and 1.005–1.03× at 128,256, where the 8-lane
+/// scan took 1.48–1.55× it.
 ///
 /// # Safety
-/// The CPU must support AVX-512F, AVX-512VL, AVX2, FMA, BMI1 and POPCNT.
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma,bmi1,popcnt")]
+/// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT.
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub unsafe fn locate_max(row: &[f32]) -> Summary {
-    avx2::locate_max_with::<OrderedMasks>(row)
+    // SAFETY (closure): this function's features are `locate_blocks16`'s.
+    avx2::locate_from_boundary(row, 64, |body| unsafe { locate_blocks16(body) })
+}
+
+/// [`locate_max`] in the blocks of `row` itself.
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
+#[inline]
+unsafe fn locate_blocks16(row: &[f32]) -> Summary {
+    let mut ordered: [__mmask16; 2] = [0xffff; 2];
+    let mut best = f32::NEG_INFINITY;
+    let mut best_v = _mm512_set1_ps(best);
+    // The start of the best block so far (a pointer: see `avx2::locate_blocks`).
+    let mut best_at = row.as_ptr();
+    let mut scan = |x: [__m512; 4], at: *const f32| {
+        let [x0, x1, x2, x3] = x;
+        ordered[0] = _mm512_mask_cmp_ps_mask::<_CMP_ORD_Q>(ordered[0], x0, x1);
+        ordered[1] = _mm512_mask_cmp_ps_mask::<_CMP_ORD_Q>(ordered[1], x2, x3);
+        let root = _mm512_max_ps(_mm512_max_ps(x0, x1), _mm512_max_ps(x2, x3));
+        // `!(root <= best)`: a lane above the best so far, or a NaN lane (which the watch
+        // has seen).
+        if _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(root, best_v) != 0 {
+            let bm = _mm512_reduce_max_ps(root);
+            if bm > best {
+                best = bm;
+                best_v = _mm512_set1_ps(best);
+                best_at = at;
+            }
+        }
+    };
+    let (blocks, tail) = row.as_chunks::<BLOCK>();
+    for c in blocks {
+        // SAFETY: `c` holds BLOCK = 64 floats.
+        scan(load_block16(c.as_ptr()), c.as_ptr());
+    }
+    if let Some(&first) = tail.first() {
+        // Padded with its own first entry, which changes neither its maximum nor its NaN
+        // status.
+        let mut buf = [first; BLOCK];
+        buf[..tail.len()].copy_from_slice(tail);
+        // SAFETY: `buf` holds BLOCK = 64 floats; `at` is only compared, never read.
+        scan(load_block16(buf.as_ptr()), tail.as_ptr());
+    }
+    let best_block = (best_at as usize - row.as_ptr() as usize) / (BLOCK * std::mem::size_of::<f32>());
+    let suspect = ordered[0] & ordered[1] != 0xffff || best == f32::INFINITY;
+    Summary { max: best, max_block: best_block, suspect }
 }
 
 /// The NaN watch of AVX-512VL: per block, four masked compares `ordered(x, y)` of pairs of its

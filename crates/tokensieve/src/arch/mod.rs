@@ -124,8 +124,8 @@ struct Caps {
     /// AVX-512F beside AVX2: the approximate block sums and the sequential sum
     /// run on 16 lanes.
     avx512: bool,
-    /// AVX-512F and AVX-512VL beside AVX2: [`summarize`] and [`locate_max`] watch for NaN
-    /// with mask compares on 8 lanes.
+    /// AVX-512F and AVX-512VL beside AVX2: [`summarize`] watches for NaN with mask compares
+    /// on 8 lanes.
     avx512vl: bool,
     /// The f64 `exp` replica ([`mod@exp64`]) agrees with the platform's `f64::exp`.
     exact_exp64: bool,
@@ -323,15 +323,15 @@ pub fn isa() -> Isa {
     caps().isa
 }
 
-/// True when the AVX-512 kernels of [`exp_block_sums_approx`], [`exp_sum_sequential`] and
-/// [`gather_blocks_ge`] are in use (AVX-512F detected beside AVX2, FMA, BMI1 and POPCNT). The
+/// True when the AVX-512 kernels of [`max`], [`locate_max`], [`exp_block_sums_approx`],
+/// [`exp_sum_sequential`] and [`gather_blocks_ge`] are in use (AVX-512F detected beside AVX2, FMA, BMI1 and POPCNT). The
 /// other kernels are AVX2's either way (but see [`avx512vl`]).
 pub fn avx512() -> bool {
     caps().avx512
 }
 
-/// True when [`summarize`] and [`locate_max`] watch for NaN with AVX-512VL mask compares
-/// (AVX-512F and AVX-512VL detected beside AVX2, FMA, BMI1 and POPCNT).
+/// True when [`summarize`] watches for NaN with AVX-512VL mask compares (AVX-512F and
+/// AVX-512VL detected beside AVX2, FMA, BMI1 and POPCNT).
 pub fn avx512vl() -> bool {
     caps().avx512vl && caps().isa == Isa::Avx2
 }
@@ -349,8 +349,13 @@ pub fn vectorised_exp() -> bool {
 /// assert_eq!(tokensieve::arch::max(&[1.0, -2.0, 7.5, 3.0]), 7.5);
 /// ```
 pub fn max(row: &[f32]) -> f32 {
-    match caps().isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
+    let c = caps();
+    match c.isa {
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime,
+        // `avx512` only beside them when AVX-512F was too.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if c.avx512 => unsafe { avx512::max(row) },
+        // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::max(row) },
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
@@ -487,9 +492,9 @@ pub fn locate_max(row: &[f32]) -> Summary {
     let c = caps();
     match c.isa {
         // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime,
-        // `avx512vl` only beside them when AVX-512F and AVX-512VL were too.
+        // `avx512` only beside them when AVX-512F was too.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 if c.avx512vl => unsafe { avx512::locate_max(row) },
+        Isa::Avx2 if c.avx512 => unsafe { avx512::locate_max(row) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::locate_max(row) },
@@ -1907,8 +1912,8 @@ mod tests {
         if avx2_available() {
             // SAFETY: AVX2, FMA, BMI1 and POPCNT were detected just above.
             kernels.push(("avx2", |r| unsafe { avx2::locate_max(r) }));
-            if avx512vl_available() {
-                // SAFETY: AVX-512F and AVX-512VL were detected too.
+            if avx512_available() {
+                // SAFETY: AVX-512F was detected too.
                 kernels.push(("avx512", |r| unsafe { avx512::locate_max(r) }));
             }
         }
@@ -1989,7 +1994,7 @@ mod tests {
             // detected just above.
             kernels.push(RowKernels {
                 name: "avx512",
-                max: |r| unsafe { avx2::max(r) },
+                max: |r| unsafe { avx512::max(r) },
                 min: |r| unsafe { avx2::min(r) },
                 argmax: |r| unsafe { avx2::argmax(r) },
                 summarize: |r, bm| unsafe { avx512::summarize(r, bm) },
