@@ -85,8 +85,8 @@ pub unsafe fn max(row: &[f32]) -> f32 {
 /// aligned and 16 bytes past a 64-byte boundary, over several spells of the noisy host): 1.0–1.25×
 /// the floor, against 1.3–1.8× for AVX2's kernel. The 8-lane kernel with `OrderedMasks` had
 /// taken 1.08–1.17× the 8-lane max, itself 1.2–1.25× this floor. Merging the roots by
-/// unpacks and shuffles alone (30 shuffles per 16 blocks) cost about 11% of the pass, half
-/// of it left with a blend in place of every other shuffle (`hmax16`).
+/// unpacks and shuffles alone (30 shuffles per 16 blocks) cost about 11% of the pass
+/// (measured by leaving the merge out); `hmax16` needs half as many shuffles.
 ///
 /// # Safety
 /// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT.
