@@ -588,11 +588,11 @@ unsafe fn block_max_firsts(x: [__m256; 8]) -> (__m256, __m256, __m256) {
 /// neither its maximum nor its NaN status.
 ///
 /// A row that does not start on a 32-byte boundary is scanned from its first boundary on, in
-/// blocks of 64 that are aligned but are not the row's ([`locate_from_boundary`]). Unlike the
+/// blocks of 64 that are aligned but are not the row's (`locate_from_boundary`). Unlike the
 /// block maxima of [`summarize`], the maximum and the NaN watch do not care where blocks
 /// start. PERF: on a row 16 or 48 bytes past a 64-byte boundary this took 3–5% longer than on
 /// an aligned row (the entries before the boundary and the lookup), where unaligned loads took
-/// a third to a half longer and nine aligned loads with a blend per block ([`Realign`]) 11–13%
+/// a third to a half longer and nine aligned loads with a blend per block (`Realign`) 11–13%
 /// (Intel Xeon with AVX-512, V = 32,000 and 128,256, one process).
 ///
 /// # Safety
@@ -918,7 +918,7 @@ pub unsafe fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<
 
 /// See [`super::gather_blocks_ge`]: the block maxima tested 64 at a time into one mask, the
 /// passing blocks listed (from up to `LISTED` = 512 maxima at a time), then each listed
-/// block's entries by the set bits of its mask ([`mask64`]), written in place.
+/// block's entries by the set bits of its mask (`mask64`), written in place.
 ///
 /// PERF: listing first leaves the gathering loop a known trip count, so the loads of the next
 /// blocks issue while this one's bits are visited. Visiting each group's passing bits as they
@@ -927,7 +927,7 @@ pub unsafe fn gather_ge(block: &[f32], base: u32, threshold: f32, out: &mut Vec<
 /// (Sapphire Rapids class). In the bench (interleaved, 5 to 7 pairs): raw `logprobs(20)` at
 /// 32k 2.70× → 2.62× the floor, the default chain at 128k 1.112× → 1.100×, at 32k unchanged.
 ///
-/// On CPUs with AVX-512F, [`super::avx512::gather_blocks_ge`] runs instead: a compress per 16
+/// On CPUs with AVX-512F, `avx512::gather_blocks_ge` runs instead: a compress per 16
 /// maxima for the listing and four compares per block. On Zen 4 it measured 0.21–0.30 µs
 /// alone against 0.33 but within noise in the chains (`tokensieve bench`, interleaved, 2.04×
 /// against 2.04× at 32k, with the 57 blocks that reach the top 60 of the bench's row); on an

@@ -2,9 +2,10 @@
 //! block sums ([`super::exp_block_sums_approx`] and [`super::exp_block_sums_approx_at`]), behind
 //! `dist`'s and transformers `top_p`'s bounds, and the block scan and the additions of
 //! [`super::exp_sum_sequential`] (llama.cpp's softmax sum; see [`exp_sum_sequential`] here).
-//! Besides, [`summarize`]: AVX2's 8-lane kernel with AVX-512VL's mask compares as its NaN
-//! watch (`OrderedMasks`); and on 16 lanes, the floor's [`max`], greedy's [`locate_max`],
-//! [`gather_blocks_ge`] and the small sorts ([`sort_keys_by_rank`]).
+//! Besides, the summaries that widen or patch the row as they go ([`widen_summarize_f16`] and
+//! others): AVX2's 8-lane kernels with AVX-512VL's mask compares as their NaN watch
+//! (`OrderedMasks`); and on 16 lanes, the floor's [`max`], [`summarize`], [`block_max_into`],
+//! greedy's [`locate_max`], `gather_blocks_ge` and the small sorts (`sort_keys_by_rank`).
 //!
 //! Every lane computes what an AVX2 lane computes, operation for operation (the same fused
 //! multiply-add for the argument, the same clamp, rounding trick and quintic, the same exponent
@@ -17,8 +18,8 @@
 //! instead of a gather from memory; the tests check it against the platform's `expf`.
 //!
 //! Every function is `unsafe` for one reason only: it is compiled with
-//! `#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]` (and `avx512vl` for
-//! [`summarize`] and its widening and patching variants). SAFETY (callers): [`super`] calls
+//! `#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]` (and `avx512vl` for the
+//! widening and patching summaries). SAFETY (callers): [`super`] calls
 //! these only after `is_x86_feature_detected!` returned true for `avx512f`, `popcnt`, `avx2`
 //! and `fma` (and `avx512vl` for those).
 //! Inside, the only other unsafe operations are unaligned loads and stores (`loadu`, `storeu`,
@@ -78,7 +79,7 @@ pub unsafe fn max(row: &[f32]) -> f32 {
 /// ANDed into running masks (every entry compared: the NaN watch is exact). The horizontal
 /// maxima sixteen blocks at a time (`hmax16`: the roots merged into one vector of sixteen
 /// maxima, stored at once), the best block found afterwards among the stored
-/// maxima. A row that is not 64-byte aligned is read by aligned loads ([`Realign16`]).
+/// maxima. A row that is not 64-byte aligned is read by aligned loads (`Realign16`).
 ///
 /// PERF: on an Intel Xeon with AVX-512 (one process, alternating call by call with the
 /// floor, the 16-lane [`max`], and with AVX2's kernel; medians, V = 32,000 and 128,256, rows
@@ -92,15 +93,40 @@ pub unsafe fn max(row: &[f32]) -> f32 {
 /// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT.
 #[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
 pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
-    let len = row.len();
-    let n_blocks = len.div_ceil(BLOCK);
+    let n_blocks = row.len().div_ceil(BLOCK);
     block_max.resize(n_blocks, f32::NEG_INFINITY);
     let out = &mut block_max[..n_blocks];
+    let (best, nan) = block_maxima::<true>(row, out);
+    // The first block holding the maximum (`==`, so either zero matches the other).
+    let best_block = avx2::first_eq(out, best).unwrap_or(0);
+    let best = out.get(best_block).copied().unwrap_or(f32::NEG_INFINITY);
+    Summary { max: best, max_block: best_block, suspect: nan || best == f32::INFINITY }
+}
+
+/// See [`super::block_max_into`]: [`summarize`]'s pass without the NaN watch.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT; `out` must hold
+/// `row.len().div_ceil(BLOCK)` entries.
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
+pub unsafe fn block_max_into(row: &[f32], out: &mut [f32]) -> f32 {
+    block_maxima::<false>(row, out).0
+}
+
+/// The maximum of every block of `row` into `out` (`row.len().div_ceil(BLOCK)` entries); returns
+/// the row's maximum and, with `WATCH`, whether it holds a NaN (exactly).
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
+#[inline]
+unsafe fn block_maxima<const WATCH: bool>(row: &[f32], out: &mut [f32]) -> (f32, bool) {
+    let len = row.len();
+    assert_eq!(out.len(), len.div_ceil(BLOCK), "block_maxima: wrong output length");
     let mut ordered: [__mmask16; 2] = [0xffff; 2];
     let mut root = |x: [__m512; 4]| {
         let [x0, x1, x2, x3] = x;
-        ordered[0] = _mm512_mask_cmp_ps_mask::<_CMP_ORD_Q>(ordered[0], x0, x1);
-        ordered[1] = _mm512_mask_cmp_ps_mask::<_CMP_ORD_Q>(ordered[1], x2, x3);
+        if WATCH {
+            ordered[0] = _mm512_mask_cmp_ps_mask::<_CMP_ORD_Q>(ordered[0], x0, x1);
+            ordered[1] = _mm512_mask_cmp_ps_mask::<_CMP_ORD_Q>(ordered[1], x2, x3);
+        }
         _mm512_max_ps(_mm512_max_ps(x0, x1), _mm512_max_ps(x2, x3))
     };
     let realign = Realign16::of(row.as_ptr());
@@ -124,7 +150,7 @@ pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
             }
         }
         let v = hmax16(&roots);
-        // SAFETY: `b + 16 <= n_blocks`: this group's blocks are whole.
+        // SAFETY: `b + 16 <= out.len()`: this group's blocks are whole.
         _mm512_storeu_ps(out.as_mut_ptr().add(b), v);
         best_v = _mm512_max_ps(best_v, v);
     }
@@ -139,11 +165,7 @@ pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
         out[b] = _mm512_reduce_max_ps(root(load_block16(pad.as_ptr())));
         best = best.max(out[b]);
     }
-    // The first block holding the maximum (`==`, so either zero matches the other).
-    let best_block = avx2::first_eq(out, best).unwrap_or(0);
-    let best = out.get(best_block).copied().unwrap_or(f32::NEG_INFINITY);
-    let suspect = ordered[0] & ordered[1] != 0xffff || best == f32::INFINITY;
-    Summary { max: best, max_block: best_block, suspect }
+    (best, ordered[0] & ordered[1] != 0xffff)
 }
 
 /// The horizontal maxima of sixteen vectors as one vector (lane `k` from `m[k]`), by four

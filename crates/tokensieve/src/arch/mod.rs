@@ -124,8 +124,8 @@ struct Caps {
     /// AVX-512F beside AVX2: the approximate block sums and the sequential sum
     /// run on 16 lanes.
     avx512: bool,
-    /// AVX-512F and AVX-512VL beside AVX2: [`summarize`] watches for NaN with mask compares
-    /// on 8 lanes.
+    /// AVX-512F and AVX-512VL beside AVX2: the widening and patching summaries watch for NaN
+    /// with mask compares on 8 lanes.
     avx512vl: bool,
     /// The f64 `exp` replica ([`mod@exp64`]) agrees with the platform's `f64::exp`.
     exact_exp64: bool,
@@ -323,15 +323,17 @@ pub fn isa() -> Isa {
     caps().isa
 }
 
-/// True when the AVX-512 kernels of [`max`], [`locate_max`], [`exp_block_sums_approx`],
-/// [`exp_sum_sequential`] and [`gather_blocks_ge`] are in use (AVX-512F detected beside AVX2, FMA, BMI1 and POPCNT). The
+/// True when the AVX-512 kernels of [`max`], [`summarize`], [`locate_max`],
+/// [`block_max_into`], [`exp_block_sums_approx`], [`exp_sum_sequential`] and
+/// [`gather_blocks_ge`] are in use (AVX-512F detected beside AVX2, FMA, BMI1 and POPCNT). The
 /// other kernels are AVX2's either way (but see [`avx512vl`]).
 pub fn avx512() -> bool {
     caps().avx512
 }
 
-/// True when [`summarize`] watches for NaN with AVX-512VL mask compares (AVX-512F and
-/// AVX-512VL detected beside AVX2, FMA, BMI1 and POPCNT).
+/// True when the summaries that widen or patch a row as they go ([`widen_summarize_f16`],
+/// [`widen_summarize_bf16`]) watch for NaN with AVX-512VL mask compares on 8 lanes (AVX-512F
+/// and AVX-512VL detected beside AVX2, FMA, BMI1 and POPCNT).
 pub fn avx512vl() -> bool {
     caps().avx512vl && caps().isa == Isa::Avx2
 }
@@ -509,8 +511,13 @@ pub fn locate_max(row: &[f32]) -> Summary {
 /// hold `row.len().div_ceil(BLOCK)` entries; returns the maximum of the row. For NaN-free input.
 pub fn block_max_into(row: &[f32], out: &mut [f32]) -> f32 {
     assert_eq!(out.len(), row.len().div_ceil(BLOCK), "block_max_into: wrong output length");
-    match caps().isa {
-        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime.
+    let c = caps();
+    match c.isa {
+        // SAFETY: `Isa::Avx2` is only reported when AVX2, FMA, BMI1 and POPCNT were detected at runtime,
+        // `avx512` only beside them when AVX-512F was too; `out`'s length was checked.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if c.avx512 => unsafe { avx512::block_max_into(row, out) },
+        // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::block_max_into(row, out) },
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
@@ -1998,7 +2005,7 @@ mod tests {
                 min: |r| unsafe { avx2::min(r) },
                 argmax: |r| unsafe { avx2::argmax(r) },
                 summarize: |r, bm| unsafe { avx512::summarize(r, bm) },
-                block_max_into: |r, o| unsafe { avx2::block_max_into(r, o) },
+                block_max_into: |r, o| unsafe { avx512::block_max_into(r, o) },
                 count_ge: |r, t| unsafe { avx2::count_ge(r, t) },
                 gather_ge: |b, base, t, o| unsafe { avx2::gather_ge(b, base, t, o) },
                 gather_blocks_ge: |r, bm, t, o| unsafe { avx512::gather_blocks_ge(r, bm, t, o) },
