@@ -94,7 +94,17 @@ pub struct Penalties {
     counts: IdMap<u32>,
     /// The occurrences in `window` of the tokens in each slot `token % SLOTS` (empty until
     /// the first token is accepted): a zero answers [`count`](Self::count) without the map.
-    slots: Vec<u32>,
+    slots: Slots,
+}
+
+/// [`Penalties`]'s slot counters, with a `Debug` that does not list all 2,048 of them.
+#[derive(Clone, Default)]
+struct Slots(Vec<u32>);
+
+impl std::fmt::Debug for Slots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Slots({} of {} in use)", self.0.iter().filter(|&&n| n > 0).count(), self.0.len())
+    }
 }
 
 /// The slots of [`Penalties`]'s filter: 8 KiB of counters, stays in L1.
@@ -121,7 +131,7 @@ impl Penalties {
             present: require_finite("penalties", "present", present)?,
             window: VecDeque::new(),
             counts: IdMap::default(),
-            slots: Vec::new(),
+            slots: Slots::default(),
         })
     }
 
@@ -146,7 +156,7 @@ impl Penalties {
     #[inline]
     pub(crate) fn count(&self, token: u32) -> Option<u32> {
         // No slots yet: nothing was accepted.
-        match self.slots.get(token as usize % SLOTS) {
+        match self.slots.0.get(token as usize % SLOTS) {
             Some(0) | None => None,
             _ => self.counts.get(&token).copied(),
         }
@@ -199,16 +209,16 @@ impl Sampler for Penalties {
         if self.is_inert() {
             return;
         }
-        if self.slots.is_empty() {
-            self.slots = vec![0; SLOTS];
+        if self.slots.0.is_empty() {
+            self.slots.0 = vec![0; SLOTS];
         }
         *self.counts.entry(token).or_insert(0) += 1;
-        self.slots[token as usize % SLOTS] += 1;
+        self.slots.0[token as usize % SLOTS] += 1;
         if self.window.len() >= self.last_n {
             if let Some(old) = self.window.pop_front() {
                 if let Some(n) = self.counts.get_mut(&old) {
                     *n -= 1;
-                    self.slots[old as usize % SLOTS] -= 1;
+                    self.slots.0[old as usize % SLOTS] -= 1;
                     if *n == 0 {
                         self.counts.remove(&old);
                     }
@@ -221,7 +231,7 @@ impl Sampler for Penalties {
     fn reset(&mut self) {
         self.window.clear();
         self.counts.clear();
-        self.slots.fill(0);
+        self.slots.0.fill(0);
     }
 
     fn is_inert(&self) -> bool {
@@ -305,6 +315,8 @@ mod tests {
                 if window.len() > last_n as usize {
                     window.pop_front();
                 }
+                // The counters print as a summary, not 2,048 numbers.
+                assert!(format!("{:?}", pen.slots).starts_with("Slots("));
                 for probe in (0..8).flat_map(|t| (0..4).map(move |k| t + SLOTS as u32 * k)) {
                     let n = window.iter().filter(|&&t| t == probe).count() as u32;
                     assert_eq!(pen.count(probe), (n > 0).then_some(n), "last_n {last_n}, step {step}, token {probe}");
