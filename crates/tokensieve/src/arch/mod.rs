@@ -1994,11 +1994,11 @@ mod tests {
             });
         }
         #[cfg(target_arch = "x86_64")]
-        if avx512vl_available() {
+        if avx512_available() {
             // What the dispatch runs on an AVX-512 CPU: AVX-512's kernels where it has its
             // own, AVX2's for the rest.
-            // SAFETY (every closure): AVX-512F, AVX-512VL, AVX2, FMA, BMI1 and POPCNT were
-            // detected just above.
+            // SAFETY (every closure): AVX-512F, AVX2, FMA, BMI1 and POPCNT were detected just
+            // above.
             kernels.push(RowKernels {
                 name: "avx512",
                 max: |r| unsafe { avx512::max(r) },
