@@ -179,7 +179,7 @@ pub unsafe fn summarize(row: &[f32], block_max: &mut Vec<f32>) -> Summary {
     summarize_with::<FirstOperands>(row, block_max)
 }
 
-/// How [`summarize_with`] and [`locate_max`] take a block's max tree and watch the row
+/// How [`summarize_with`] (and, with [`FirstOperands`], [`locate_max`]) take a block's max tree and watch the row
 /// for NaN, which `vmaxps` can drop: by unordered compares of the tree's first operands here
 /// ([`FirstOperands`]), by mask compares of the entries in [`super::avx512`].
 pub(super) trait NanWatch {

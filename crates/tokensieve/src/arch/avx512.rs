@@ -311,8 +311,9 @@ unsafe fn locate_blocks16(row: &[f32]) -> Summary {
 /// one instruction per two vectors and no extra step). A lane stays set while both of its
 /// entries are ordered, so a mask bit cleared means a NaN, exactly (no false alarm). Against
 /// AVX2's sum of the tree's first operands (before AVX2 compared them instead): four
-/// instructions instead of eight per block, which brought [`summarize`] to within a few
-/// percent of a plain max pass (Zen 4).
+/// instructions instead of eight per block, which brought the 8-lane summary to within a few
+/// percent of an 8-lane max pass (Zen 4). Now only the widening and patching summaries use it;
+/// [`summarize`] and [`locate_max`] run on 16 lanes with two such compares per block.
 struct OrderedMasks([__mmask8; 4]);
 
 impl avx2::NanWatch for OrderedMasks {
