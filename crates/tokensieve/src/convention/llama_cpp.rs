@@ -40,6 +40,23 @@ fn bucket_of(logit: f32) -> usize {
     ib.clamp(0, N_BUCKETS as i32 - 1) as usize
 }
 
+/// The least value in bucket `b` or above: every `x` with `bucket_of(x) >= b` is at least
+/// this (the bucket is a monotone function of the value), `-inf` for bucket 0.
+fn bucket_floor(b: usize) -> f32 {
+    if b == 0 {
+        return f32::NEG_INFINITY;
+    }
+    // The edge as real arithmetic puts it, then moved by the ulps that rounding shifts it.
+    let mut x = (b as f32 - BUCKET_INTER) / BUCKET_SCALE;
+    while bucket_of(x) < b {
+        x = x.next_up();
+    }
+    while bucket_of(x.next_down()) >= b {
+        x = x.next_down();
+    }
+    x
+}
+
 /// llama.cpp's bucket partial sort: writes into `res` the contents of the smallest run of top
 /// buckets holding at least `npartial` candidates, with the first `npartial` of them sorted
 /// (full buckets with `std::sort`, the boundary bucket with `std::partial_sort`). `cur` is

@@ -186,6 +186,9 @@ pub(crate) struct Scratch {
     sorted: Vec<f32>,
     /// `top_p;dist`'s draw beyond the first 256 entries ([`super::bucket_draw`]).
     buckets: super::bucket_draw::BucketScratch,
+    /// llama.cpp's top 256 in its order, and their buckets ([`top_p_order`]).
+    top_p_order: Vec<TokenData>,
+    top_p_buckets: Vec<u8>,
     /// transformers' `top_p;dist` with the cut among the least likely tokens
     /// ([`crate::convention::transformers::bottom`]).
     pub(crate) bottom: crate::convention::transformers::bottom::BottomScratch,
@@ -2116,8 +2119,10 @@ fn mu_feedback(stage: &mut Stage) -> &mut dyn MuFeedback {
 ///
 /// Otherwise the next try narrows the interval; after the last, the exact sum pins the cut.
 /// Equal values (half-precision rows are full of them) change nothing above but which token
-/// holds a position: a draw is taken only where no neighbour holds the chosen value, and
-/// otherwise the array path draws with the same `u`. The token is always the array path's.
+/// holds a position: where a neighbour holds the chosen value, llama.cpp's order of the top
+/// 256 is replayed over the buckets it sorts ([`top_p_order`]). Beyond the first 256 entries a
+/// tie at the chosen value goes to the array path, which draws with the same `u`. The token is
+/// always the array path's.
 fn top_p_dist(
     stages: &mut [Stage],
     first: usize,
@@ -2150,8 +2155,8 @@ fn top_p_dist(
     let mut sum_hi = f32::INFINITY;
     let beyond = beyond_by_block_maxima(p, max, &s.block_max)
         || match certain_top_p_draw(p, min_keep, r, max, u, temp, &mut sum_hi, s, c) {
-            Ok(token) => {
-                s.path = Path::Fast("top-p;dist");
+            Ok((token, replayed)) => {
+                s.path = Path::Fast(if replayed { "top-p;dist (ties replayed)" } else { "top-p;dist" });
                 return Ok(Some(Prepared::Selected(token)));
             }
             Err(short) => short == Some(Short::Beyond),
@@ -2167,9 +2172,11 @@ fn top_p_dist(
         sorted_prefix((p, min_keep), r, max, (sum, sum), Ties::Allowed, s, c)
     };
     let drawn = match prefix {
-        Ok(cuts) => certain_draw(p, max, sum, 0.0, cuts, u, temp, s, c).map(|(i, cut_sum)| {
-            s.path = Path::Fast("top-p;dist (exact sum)");
-            select_prefix_entry(c, i, temp, cut_sum)
+        Ok(cuts) => certain_draw(p, max, sum, 0.0, cuts, u, temp, s, c).and_then(|(i, cut_sum)| {
+            let replayed = settle_tie(i, r, s, c)?;
+            s.path =
+                Path::Fast(if replayed { "top-p;dist (exact sum, ties replayed)" } else { "top-p;dist (exact sum)" });
+            Some(select_prefix_entry(c, i, temp, cut_sum))
         }),
         // The draw over sorted values is written for `dist` straight after `top_p`.
         Err(Short::Beyond) if temp.is_some() => None,
@@ -2251,7 +2258,8 @@ pub(super) fn draw_by_sorting(
 
 /// [`top_p_dist`]'s tries for draw `u` (the row has more than 1024 and fewer than 2^22
 /// entries, its maximum `max` is finite). When one certifies the token, leaves it alone in `c`
-/// and returns it; its `p` is its weight over `dist`'s sum for the earliest cut the bounds
+/// and returns it, and whether equal values at its position were put in llama.cpp's order
+/// ([`settle_tie`]); its `p` is its weight over `dist`'s sum for the earliest cut the bounds
 /// allow, which is the array path's `p` when the cut is certain too.
 ///
 /// Otherwise returns why not, where known, and leaves in `sum_hi` the least upper bound of the
@@ -2271,7 +2279,7 @@ fn certain_top_p_draw(
     sum_hi: &mut f32,
     s: &mut Scratch,
     c: &mut Candidates,
-) -> std::result::Result<u32, Option<Short>> {
+) -> std::result::Result<(u32, bool), Option<Short>> {
     s.collector.reserve(s.block_max.len());
     let mut near = NearSums::new(r, 1.0, max, s).ok_or(None)?;
     let (mut lo, mut hi) = (1.0f32, f32::INFINITY);
@@ -2293,10 +2301,58 @@ fn certain_top_p_draw(
             .min(near.rounding_bound(2f64.powi(-25) * lo as f64) / lo as f64 * (1.0 + 2f64.powi(-22)))
             + r.len() as f64 * 2f64.powi(-149);
         if let Some((i, cut_sum)) = certain_draw(p, max, hi, lost, cuts, u, temp, s, c) {
-            return Ok(select_prefix_entry(c, i, temp, cut_sum));
+            let replayed = settle_tie(i, r, s, c).ok_or(None)?;
+            return Ok((select_prefix_entry(c, i, temp, cut_sum), replayed));
         }
     }
     Err(None)
+}
+
+/// Puts at position `i` of the descending prefix in `c` ([`sorted_prefix`]'s, over the row
+/// `r`) the token llama.cpp's `top_p` has there: the prefix's values are the row's in order,
+/// but equal values in any order, so where a neighbour holds the value at `i` (the prefix
+/// holds the entry after its end, if there is one; entries outside it are smaller), which of
+/// them sits at `i` is libstdc++'s order, replayed by [`top_p_order`]. `Some(true)` when it was
+/// replayed, `Some(false)` when there was no tie; `None` when the replay could not run.
+fn settle_tie(i: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> Option<bool> {
+    let value = c.data[i].logit;
+    if !((i > 0 && c.data[i - 1].logit == value) || c.data.get(i + 1).is_some_and(|t| t.logit == value)) {
+        return Some(false);
+    }
+    let held = top_p_order(r, s)?.get(i)?;
+    // The same values in both orders: a mismatch would be a bug, never a wrong token.
+    debug_assert_eq!(held.logit, value);
+    (held.logit == value).then(|| c.data[i].id = held.id)?;
+    Some(true)
+}
+
+/// llama.cpp `top_p`'s first sort of a row of more than 1024 entries, in its order: the
+/// bucket partial sort of the top 256 ([`super::bucket_partial_sort`]: 128 buckets over
+/// [-10, 10], the row scattered into them in id order, each bucket sorted by `std::sort` and
+/// the last by `std::partial_sort`), replayed over only the entries of the buckets it sorts.
+/// The sort reads the buckets from the top until they hold 256 entries, so it reads exactly
+/// the entries at or above the least value of the bucket holding the 256th largest; given
+/// those in id order, it does what it does on the whole row. `None` where the block maxima
+/// cannot bound the top 256 ([`gather_top`]).
+///
+/// PERF: where the chosen value was tied, the array path (the row as an array of 12-byte
+/// entries, its softmax, and this sort over all of it) took 1.9 ms at V = 128,256 on bf16
+/// rows, a tenth of whose draws land on a tie; this reads the top's buckets only.
+fn top_p_order<'s>(r: &[f32], s: &'s mut Scratch) -> Option<&'s [TokenData]> {
+    const TOP: usize = 256;
+    let tau = gather_top(TOP, r, s)?;
+    // Every entry at or above `tau` is gathered, at least 256 of them: the 256th largest lies
+    // in `tau`'s bucket or above. The buckets above are whole; in `tau`'s own, all of it is
+    // needed when the buckets above hold fewer than 256.
+    let b = super::bucket_of(tau);
+    if s.gathered.iter().filter(|t| super::bucket_of(t.logit) > b).count() < TOP {
+        let floor = super::bucket_floor(b);
+        if floor < tau {
+            gather_at_least(r, &s.block_max, &s.overlay, floor, &mut s.gathered, &mut s.blocks);
+        }
+    }
+    super::bucket_partial_sort(&s.gathered, TOP, &mut s.top_p_order, &mut s.top_p_buckets);
+    Some(&s.top_p_order[..TOP.min(s.top_p_order.len())])
 }
 
 /// Whether the block maxima alone put llama.cpp's `top_p(p)` cut beyond its first 256 entries
@@ -2396,13 +2452,6 @@ fn certain_draw(
     }
     // One exists: `u < 1`.
     let i = sums[1..=k].partition_point(|&run| run < sums[k] * u).min(k - 1);
-    // The prefix's values are the row's in order, but equal values in any order: the token
-    // at `i` is certain only if no neighbour holds its value (the prefix holds the entry
-    // after its end, if there is one; entries outside it are smaller).
-    let value = c.data[i].logit;
-    if (i > 0 && c.data[i - 1].logit == value) || c.data.get(i + 1).is_some_and(|t| t.logit == value) {
-        return None;
-    }
     let upper = match (k_hi, temp) {
         (Some(k_hi), _) => sums[k_hi],
         (None, None) => {
@@ -3546,7 +3595,14 @@ mod tests {
                 rows.push((format!("{kind:?} x{scale}"), row));
             }
         }
-        let (mut draws, mut certified, mut by_mass, mut beyond) = (0, 0, 0, 0);
+        // Rows as an engine hands them over in bfloat16: ties among the top entries, which
+        // llama.cpp's bucket sort orders ([`settle_tie`]).
+        for (seed, scale) in [(3u64, 1.0f32), (4, 2.0), (5, 4.0)] {
+            let row = generate::row(RowKind::Peaked, 32_000, seed);
+            let row = row.into_iter().map(|x| half::bf16::from_f32(x * scale).to_f32()).collect();
+            rows.push((format!("bf16 x{scale}"), row));
+        }
+        let (mut draws, mut certified, mut by_mass, mut beyond, mut replayed) = (0, 0, 0, 0, 0);
         let (mut temp_draws, mut temp_certified, mut temp_by_mass) = (0, 0, 0);
         for (name, row) in &rows {
             for ((p, min_keep), temp) in [(0.95f32, 1usize), (0.5, 3), (0.999, 1), (0.1, 40)]
@@ -3573,7 +3629,8 @@ mod tests {
                     let drawn = certain_top_p_draw(p, min_keep, row, summary.max, u, temp, &mut sum_hi, &mut s, &mut c);
                     assert!(softmax_sum <= sum_hi, "{name}: the sum {softmax_sum} above its bound {sum_hi}");
                     match drawn {
-                        Ok(token) => {
+                        Ok((token, tie)) => {
+                            replayed += tie as usize;
                             let ctx = format!("{name} top_p({p},{min_keep}) temperature {temp:?} u = {u}");
                             assert_eq!(Some(token), want.selected_token(), "{ctx}");
                             assert_eq!(c.selected_token(), Some(token));
@@ -3605,6 +3662,7 @@ mod tests {
             }
         }
         assert!(beyond > 0, "no row's cut lay beyond the first 256");
+        assert!(replayed >= 20, "only {replayed} draws landed on a tie");
         assert!(certified * 2 >= draws, "only {certified} of {draws} draws certified");
         assert!(temp_certified * 2 >= temp_draws, "only {temp_certified} of {temp_draws} draws certified");
         assert!(by_mass >= 200, "the real row: only {by_mass} of 400 draws certified");
