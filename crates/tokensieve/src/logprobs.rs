@@ -115,13 +115,10 @@ pub fn raw(row: Logits<'_>, token: u32, n: usize, out: &mut Vec<TokenLogprob>) -
                 s.block_max.resize(r.len().div_ceil(BLOCK), f32::NEG_INFINITY);
                 (r, arch::block_max_into(r, &mut s.block_max))
             }
-            Logits::F16(h) => {
-                let max = arch::widen_summarize_f16(h, &mut widened, &mut s.block_max).max;
-                (&widened, max)
-            }
-            Logits::Bf16(b) => {
-                let max = arch::widen_summarize_bf16(b, &mut widened, &mut s.block_max).max;
-                (&widened, max)
+            _ => {
+                let (summary, at) = arch::widen_summarize_aligned(row, &mut widened, &mut s.block_max)
+                    .expect("a half-precision row widens");
+                (&widened[at], summary.max)
             }
         };
         let logprob = raw_f32(r, max, token, n, s, out);

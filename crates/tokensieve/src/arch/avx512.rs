@@ -5,7 +5,9 @@
 //! Besides, the summaries that widen or patch the row as they go ([`widen_summarize_f16`] and
 //! others): AVX2's 8-lane kernels with AVX-512VL's mask compares as their NaN watch
 //! (`OrderedMasks`); and on 16 lanes, the floor's [`max`], [`summarize`], [`block_max_into`],
-//! greedy's [`locate_max`], `gather_blocks_ge` and the small sorts (`sort_keys_by_rank`).
+//! the summaries of f16 and bf16 rows that keep no widened row ([`summarize_f16`],
+//! [`summarize_bf16`]), greedy's [`locate_max`], `gather_blocks_ge` and the small sorts
+//! (`sort_keys_by_rank`).
 //!
 //! Every lane computes what an AVX2 lane computes, operation for operation (the same fused
 //! multiply-add for the argument, the same clamp, rounding trick and quintic, the same exponent
@@ -205,6 +207,11 @@ unsafe fn hmax16(m: &[__m512; 16]) -> __m512 {
 /// See [`super::widen_summarize_f16`]: [`super::avx2`]'s kernel, with the NaN watch of
 /// `OrderedMasks`.
 ///
+/// PERF: [`summarize_f16`]'s 16-lane pass storing each block's four vectors into `out` as it
+/// goes was no faster at V = 32,000 and slower at 128,256 (about 35 against 27 µs, Intel Xeon,
+/// alternating): writing the widened row, not converting it, bounds this pass, and the eight
+/// blocks at a time that this kernel widens into `out` and reads back from L1 write it faster.
+///
 /// # Safety
 /// The CPU must support AVX-512F, AVX-512VL, AVX2, FMA and F16C; `out`, if given, must hold
 /// `src.len()` entries.
@@ -224,6 +231,114 @@ pub unsafe fn widen_summarize_f16(src: &[half::f16], out: Option<&mut [f32]>, bl
 pub unsafe fn widen_summarize_bf16(src: &[half::bf16], out: Option<&mut [f32]>, block_max: &mut Vec<f32>) -> Summary {
     // SAFETY (closure): this function's features include `widen_bf16`'s.
     avx2::widen_summarize_with::<OrderedMasks, _>(src, out, block_max, |s, o| unsafe { avx2::widen_bf16(s, o) })
+}
+
+/// See [`super::summarize_f16`]: [`summarize`]'s pass over the row as it is widened, sixteen
+/// entries per conversion (`vcvtph2ps`), each block summarized in registers and nothing
+/// written but the block maxima.
+///
+/// PERF: AVX2's kernel (eight entries per conversion, each group of eight blocks widened into
+/// a buffer, then summarized from L1), with AVX-512VL's NaN watch, had `greedy` on f16 rows
+/// at 3.4–4.1 times the f32 floor at V = 32,000 and 128,256 (Intel Xeon); this pass, at
+/// 1.8–2.3 times.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT (the 16-lane conversion is
+/// AVX-512F's).
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
+pub unsafe fn summarize_f16(src: &[half::f16], block_max: &mut Vec<f32>) -> Summary {
+    summarize_half::<F16>(src, block_max)
+}
+
+/// See [`super::summarize_bf16`]: as [`summarize_f16`], a bf16 widened by a zero extension
+/// and a shift (it is the top half of an f32).
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA, BMI1 and POPCNT.
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
+pub unsafe fn summarize_bf16(src: &[half::bf16], block_max: &mut Vec<f32>) -> Summary {
+    summarize_half::<Bf16>(src, block_max)
+}
+
+/// A half-precision type the 16-lane summaries read, sixteen entries at a time.
+trait Widen16 {
+    type Half: Copy;
+    /// The 16 entries at `p` as f32.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `p` must point to 16 readable entries.
+    unsafe fn widen(p: *const Self::Half) -> __m512;
+}
+
+struct F16;
+struct Bf16;
+
+impl Widen16 for F16 {
+    type Half = half::f16;
+    #[inline(always)]
+    unsafe fn widen(p: *const half::f16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+}
+
+impl Widen16 for Bf16 {
+    type Half = half::bf16;
+    #[inline(always)]
+    unsafe fn widen(p: *const half::bf16) -> __m512 {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i))))
+    }
+}
+
+/// [`block_maxima`] with its watch over the row as [`Widen16::widen`] gives it: the same tree
+/// and merge per block, so the same maxima bit for bit, and the same exact NaN watch. The
+/// blocks after the last whole group of sixteen are widened from a copy padded with the
+/// block's own first entry, which changes neither its maximum nor its NaN status.
+///
+/// PERF: compiled with the callers' features (not merely inlined into them), so that the
+/// closure defined here gets them too and its intrinsics inline (without, each was a call,
+/// and the pass 8 times slower).
+#[target_feature(enable = "avx512f,avx2,fma,bmi1,popcnt")]
+#[inline]
+unsafe fn summarize_half<W: Widen16>(src: &[W::Half], block_max: &mut Vec<f32>) -> Summary {
+    let len = src.len();
+    let n_blocks = len.div_ceil(BLOCK);
+    block_max.resize(n_blocks, f32::NEG_INFINITY);
+    let bm = &mut block_max[..n_blocks];
+    let mut ordered: [__mmask16; 2] = [0xffff; 2];
+    // SAFETY (callers): `at` points to a block of 64 readable entries.
+    let mut root = |at: *const W::Half| {
+        let x: [__m512; 4] = std::array::from_fn(|j| W::widen(at.add(16 * j)));
+        ordered[0] = _mm512_mask_cmp_ps_mask::<_CMP_ORD_Q>(ordered[0], x[0], x[1]);
+        ordered[1] = _mm512_mask_cmp_ps_mask::<_CMP_ORD_Q>(ordered[1], x[2], x[3]);
+        _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]))
+    };
+    let p = src.as_ptr();
+    let mut best_v = _mm512_set1_ps(f32::NEG_INFINITY);
+    let groups = len / (16 * BLOCK);
+    for b in (0..groups).map(|g| 16 * g) {
+        let mut roots = [_mm512_setzero_ps(); 16];
+        for (k, r) in roots.iter_mut().enumerate() {
+            // Blocks `b..b + 16` are whole blocks of `src`.
+            *r = root(p.add((b + k) * BLOCK));
+        }
+        let v = hmax16(&roots);
+        // SAFETY: `b + 16 <= bm.len()`: this group's blocks are whole.
+        _mm512_storeu_ps(bm.as_mut_ptr().add(b), v);
+        best_v = _mm512_max_ps(best_v, v);
+    }
+    let mut best = _mm512_reduce_max_ps(best_v);
+    let done = groups * 16 * BLOCK;
+    for (c, b) in src[done..].chunks(BLOCK).zip(groups * 16..) {
+        let mut pad = [c[0]; BLOCK];
+        pad[..c.len()].copy_from_slice(c);
+        bm[b] = _mm512_reduce_max_ps(root(pad.as_ptr()));
+        best = best.max(bm[b]);
+    }
+    let nan = ordered[0] & ordered[1] != 0xffff;
+    // The first block holding the maximum (`==`, so either zero matches the other).
+    let best_block = avx2::first_eq(bm, best).unwrap_or(0);
+    let best = bm.get(best_block).copied().unwrap_or(f32::NEG_INFINITY);
+    Summary { max: best, max_block: best_block, suspect: nan || best == f32::INFINITY }
 }
 
 /// See [`super::patch_summarize`]: [`super::avx2`]'s kernel, with the NaN watch of

@@ -140,8 +140,10 @@ use crate::stdsort;
 /// Reused buffers of the fast paths (owned by the [`Chain`](crate::Chain)).
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
-    /// f16/bf16 rows widened to f32.
+    /// f16/bf16 rows widened to f32: the row is `widened[widened_at]` (64-byte aligned, see
+    /// [`arch::aligned_part`]).
     widened: Vec<f32>,
+    widened_at: std::ops::Range<usize>,
     /// Whether `widened` holds the row of the last [`prepare`] (`greedy` on a half-precision
     /// row reads only the maximum's block, and leaves it stale).
     widened_now: bool,
@@ -306,13 +308,11 @@ pub(crate) fn prepare(
     // the widened row while it is in L1 (one pass over memory instead of two).
     let (r, summary): (&[f32], _) = match row {
         Logits::F32(r) => (r, None),
-        Logits::F16(h) => {
-            let summary = arch::widen_summarize_f16(h, &mut widened, &mut s.block_max);
-            (&widened, Some(summary))
-        }
-        Logits::Bf16(b) => {
-            let summary = arch::widen_summarize_bf16(b, &mut widened, &mut s.block_max);
-            (&widened, Some(summary))
+        _ => {
+            let (summary, at) = arch::widen_summarize_aligned(row, &mut widened, &mut s.block_max)
+                .expect("a half-precision row widens");
+            s.widened_at = at.clone();
+            (&widened[at], Some(summary))
         }
     };
     let out = prepare_f32(stages, row, (r, summary), c, s, need);
@@ -3146,10 +3146,13 @@ pub(crate) fn raw_logprobs(
         Logits::Bf16(b) if !s.widened_now => arch::widen_bf16(b, &mut widened),
         _ => {}
     }
+    if !s.widened_now {
+        s.widened_at = 0..row.len();
+    }
     s.widened_now = !matches!(row, Logits::F32(_));
     let r: &[f32] = match row {
         Logits::F32(r) => r,
-        _ => &widened,
+        _ => &widened[s.widened_at.clone()],
     };
     let result = raw_logprobs_f32(r, summary, token, n, out, s);
     s.widened = widened;
