@@ -99,12 +99,12 @@ fn machine() -> String {
         arch::isa(),
         match (arch::avx512(), arch::avx512vl()) {
             (true, true) => {
-                " (+ AVX-512 kernels: the floor's max pass, approximate block sums, llama.cpp's softmax sum, block gathers, small sorts; AVX-512VL NaN watch in the row summary)"
+                " (+ AVX-512 kernels: the floor's max pass, the row summaries, approximate block sums, llama.cpp's softmax sum, block gathers, small sorts; AVX-512VL NaN watch in the widening and patching summaries)"
             }
             (true, false) => {
-                " (+ AVX-512 kernels: the floor's max pass, approximate block sums, llama.cpp's softmax sum, block gathers, small sorts)"
+                " (+ AVX-512 kernels: the floor's max pass, the row summaries, approximate block sums, llama.cpp's softmax sum, block gathers, small sorts)"
             }
-            (false, true) => " (+ AVX-512VL NaN watch in the row summary)",
+            (false, true) => " (+ AVX-512VL NaN watch in the widening and patching summaries)",
             (false, false) => "",
         },
         if arch::vectorised_exp() { "yes" } else { "no" }
@@ -399,7 +399,7 @@ fn other_rows_section(md: &mut String, seconds: f64) {
 fn half_rows_section(md: &mut String, seconds: f64) {
     let _ = writeln!(
         md,
-        "## Half-precision rows\n\ntokensieve alone, llama.cpp convention, on the peaked rows rounded to f16 and bf16 (`tokensieve bench --dtype`). The chain widens them to f32 in the pass that summarizes them; the floor is the f32 max pass over the rounded values, timed interleaved, so the ratio includes the widening. Rounding makes equal values common among the top tokens: `top_k` then orders them as libstdc++'s heap select does, and when sampling only where the draw lands on one of them. One pass.\n"
+        "## Half-precision rows\n\ntokensieve alone, llama.cpp convention, on the peaked rows rounded to f16 and bf16 (`tokensieve bench --dtype`). The chain widens them to f32 in the pass that summarizes them; the floor is the f32 max pass over the rounded values, timed interleaved, so the ratio includes the widening. Rounding makes equal values common among the top tokens: `top_k` then orders them as libstdc++'s heap select does and `top_p` as llama.cpp's bucket sort does (each replayed over the entries it can reach), when sampling only where the draw lands on one of them. One pass.\n"
     );
     let _ = writeln!(md, "| dtype | V | workload | floor µs | tokensieve µs (× floor) |\n|---|---:|---|---:|---:|");
     for v in [32_000usize, 128_256] {
