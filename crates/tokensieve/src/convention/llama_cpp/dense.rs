@@ -2320,9 +2320,13 @@ fn settle_tie(i: usize, r: &[f32], s: &mut Scratch, c: &mut Candidates) -> Optio
         return Some(false);
     }
     let held = top_p_order(r, s)?.get(i)?;
-    // The same values in both orders: a mismatch would be a bug, never a wrong token.
+    // The same values in both orders: a mismatch would be a bug, and is declined (the array
+    // path decides) rather than turned into a wrong token.
     debug_assert_eq!(held.logit, value);
-    (held.logit == value).then(|| c.data[i].id = held.id)?;
+    if held.logit != value {
+        return None;
+    }
+    c.data[i].id = held.id;
     Some(true)
 }
 
