@@ -2754,7 +2754,10 @@ impl NearSums {
         s.rungs.resize(nb, 0);
         arch::rungs(&s.block_max, s2, m2, (RUNGS - 1) as f32, &mut s.rungs);
         // Four histograms, so that neighbouring blocks on one rung do not wait on each other's
-        // increments.
+        // increments. PERF: `temperature;dist` at V = 32,000 (Intel Xeon, alternating call by
+        // call) took 3.06–3.12 µs with four against 3.18–3.22 with eight, and 4.23–4.28
+        // against 4.29–4.36 with two: clearing and merging more copies costs more than the
+        // waits they save.
         let mut hists = [[0u32; RUNGS]; 4];
         let quads = s.rungs.chunks_exact(4);
         for &k in quads.remainder() {
