@@ -756,7 +756,13 @@ pub(crate) unsafe fn gather_blocks_ge(row: &[f32], block_max: &[f32], threshold:
 /// average): taking a block after a dense one (8 entries or more) straight to the four
 /// compresses, without the lane test, saved only 3.5% of raw logprobs there (9.2 against
 /// 9.5 µs) and 1.5% at 128,256, nothing on the bench's rows or on `top_p;dist`'s exact sums
-/// (Intel Xeon, alternating); not taken. The compresses bound this loop.
+/// (Intel Xeon, alternating); not taken. The compresses bound this loop. Also measured there and
+/// not taken: holding back the blocks where a lane has two entries (32 of the 411 passing at
+/// 32,000, its branch mispredicted about as often) and queueing them in full later, the others'
+/// lane maxima compressed without a branch: raw `logprobs(20)` 4.6 against 4.2 µs (the
+/// branch-free selection and bookkeeping cost more instructions than the mispredictions); and
+/// running the blocks that read as whole vectors through a loop without the realignment tests:
+/// no difference (5.1–5.6 against 5.3–5.8 µs at 32,000, ±1% at 128,256 and on the real row).
 ///
 /// A row that does not start on a 64-byte boundary is read by aligned loads (`Realign16`):
 /// with unaligned ones every load straddles two cache lines. On an Intel Xeon with AVX-512
