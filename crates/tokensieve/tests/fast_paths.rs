@@ -784,6 +784,40 @@ fn transformers_top_p_dist_on_large_rows() {
     );
 }
 
+/// Transformers' `top_p` on hot rows (a language-model-like row at temperatures 1.6 to 1.8:
+/// the nucleus holds 570 to 6,100 tokens, beyond the top sets that the block maxima bound, so
+/// the top set is gathered by counting passes over the row): every token is
+/// the array path's, and the top set decides most draws (before, they went to the bottom set:
+/// most of the row, sorted). Also `top_p` before another stage (its survivors as a view).
+#[test]
+fn transformers_top_p_on_hot_rows() {
+    let (mut steps, mut from_top) = (0, 0);
+    for (i, v) in [32_000usize, 128_256].into_iter().enumerate() {
+        let row = generate::row(RowKind::Peaked, v, i as u64 + 5);
+        for spec in [
+            "temperature(1.6);top_p(0.95);dist",
+            "temperature(1.7);top_p(0.9);dist",
+            "temperature(1.8);top_p(0.9);dist",
+            "temperature(1.7);top_p(0.95);min_p(0.0001);dist",
+        ] {
+            let ctx = BuildContext::new(v, RngConfig::philox(i as u64 + 31))
+                .with_convention(tokensieve::Convention::Transformers);
+            let mut chain = Chain::from_spec(spec, &ctx).unwrap();
+            let mut stages = chain.stages().to_vec();
+            for step in 0..4 {
+                let want = array_path(&mut stages, &row).unwrap().selected_token();
+                let got = chain.sample(&row).unwrap();
+                assert_eq!(Some(got), want, "{spec} V={v} step {step}");
+                steps += 1;
+                from_top += matches!(chain.last_path(), Path::Fast("top_p;dist" | "top_p")) as usize;
+                stages.iter_mut().for_each(|s| s.accept(got));
+            }
+        }
+    }
+    eprintln!("transformers top_p on hot rows: {from_top} of {steps} steps from the top set");
+    assert!(from_top * 3 >= steps * 2, "only {from_top} of {steps} steps from the top set");
+}
+
 /// Transformers' `top_p;dist` on rows where most of the vocabulary survives (the cut among the
 /// least likely tokens: `row::bottom`): nearly flat rows (the bench's, narrower and wider
 /// ones), hot temperatures, ties (a coarse grid, bf16 rounding), `-inf` entries and a
