@@ -271,7 +271,7 @@ fn real_row(v: usize) -> Vec<f32> {
 }
 
 /// Chains beyond the issue's table that users turn on: `(convention, spec)`.
-const MORE_SAMPLERS: [(tokensieve::Convention, &str); 14] = [
+const MORE_SAMPLERS: [(tokensieve::Convention, &str); 16] = [
     (tokensieve::Convention::LlamaCpp, "mirostat_v2(5,0.1)"),
     (tokensieve::Convention::LlamaCpp, "temperature(0.8);mirostat_v2(5,0.1)"),
     (tokensieve::Convention::LlamaCpp, "temperature(0.8);mirostat(5,0.1,100)"),
@@ -280,6 +280,8 @@ const MORE_SAMPLERS: [(tokensieve::Convention, &str); 14] = [
     (tokensieve::Convention::LlamaCpp, "top_n_sigma(1);top_k(40);top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist"),
     (tokensieve::Convention::LlamaCpp, "top_p(0.95,1);min_p(0.05,1);temperature(0.8);dist"),
     (tokensieve::Convention::LlamaCpp, "temperature(0.8);top_k(40);top_p(0.95,1);min_p(0.05,1);dist"),
+    (tokensieve::Convention::LlamaCpp, "temperature(2);top_p(0.95,1);dist"),
+    (tokensieve::Convention::Transformers, "temperature(2);top_p(0.95);dist"),
     (tokensieve::Convention::Transformers, "temperature(0.8);top_k(50);typical(0.9);dist"),
     (tokensieve::Convention::Transformers, "temperature(0.8);top_k(50);epsilon(0.0003);dist"),
     (tokensieve::Convention::Transformers, "temperature(0.8);top_k(50);eta(0.0003);dist"),
@@ -297,7 +299,7 @@ fn more_samplers_section(md: &mut String, seconds: f64) {
         md,
         "## More samplers
 
-tokensieve alone, on the peaked rows, for chains outside the issue's table: mirostat (llama.cpp's, with `mu` settled after 300 tokens: on this row every token is kept; after a temperature, as llama.cpp's common sampler builds it), the chains that put `typical`, `epsilon` or `eta` after a `top_k` (llama.cpp's order; transformers' `generate()` order with its default `top_k=50`), the same samplers over the whole row (`top_k` off), llama.cpp's default chain with `top_n_sigma(1)` on (its order puts it before `top_k`, over the whole row), the same with `top_k` off (`top_p` then over the whole row), and its samplers with the temperature first (a custom order). `sample` is timed beside the floor. `apply` returns every candidate: for mirostat the whole sorted row, built on the candidate array where equal values make llama.cpp's sort order matter (the bench's row holds some); for transformers the dense row, the removed tokens at `-inf`, as its processors return it. One pass.\n"
+tokensieve alone, on the peaked rows, for chains outside the issue's table: mirostat (llama.cpp's, with `mu` settled after 300 tokens: on this row every token is kept; after a temperature, as llama.cpp's common sampler builds it), the chains that put `typical`, `epsilon` or `eta` after a `top_k` (llama.cpp's order; transformers' `generate()` order with its default `top_k=50`), the same samplers over the whole row (`top_k` off), llama.cpp's default chain with `top_n_sigma(1)` on (its order puts it before `top_k`, over the whole row), the same with `top_k` off (`top_p` then over the whole row), its samplers with the temperature first (a custom order), and `top_p;dist` at a hot temperature in either convention (`temperature(2)`: the top 95% of the mass in about 2,000 tokens at V = 32,000 and 3,200 at 128,256). `sample` is timed beside the floor. `apply` returns every candidate: for mirostat the whole sorted row, built on the candidate array where equal values make llama.cpp's sort order matter (the bench's row holds some); for transformers the dense row, the removed tokens at `-inf`, as its processors return it. One pass.\n"
     );
     let _ = writeln!(
         md,
