@@ -97,14 +97,13 @@ pub(crate) fn draw(
     let depth = (max - arch::min(r)).min(FLOOR);
     let scale = if depth > 0.0 { want as f32 / depth } else { 0.0 };
     let nb = want + 1;
-    let last = (nb - 1) as f32;
-    let bucket = |x: f32| bucket_of(x, max, scale, last);
+    let (grid, cut) = (Grid { max, scale, nb }, Cut { p, min_keep, sum });
     // Only the buckets up to one that surely holds the cut are filled ([`cut_bound`]): where
     // the top `p` of the mass lies in a few thousand entries, most of the row lies below them,
     // and the top buckets' entries are found by vector passes. Else the whole row is counted.
-    let visited = match fill_top(p, min_keep, r, (max, sum, scale), nb, &bucket, b) {
+    let visited = match fill_top(cut, r, grid, b) {
         Some(visited) => visited,
-        None => fill_all(p, min_keep, r, (max, sum, scale), nb, &bucket, b),
+        None => fill_all(cut, r, grid, b),
     };
     let kept = b.starts[visited] as usize;
     b.weights.resize(kept, 0.0);
@@ -198,28 +197,21 @@ pub(crate) fn draw(
 /// [`cut_bound`] finds the cut among them. Returns how many buckets were filled (`b.starts` up
 /// to there, `b.vals` with their entries, in row order within each), or `None` where the top
 /// buckets hold more than an eighth of the row first (a nearly flat row).
-fn fill_top(
-    p: f32,
-    min_keep: usize,
-    r: &[f32],
-    (max, sum, scale): (f32, f32, f32),
-    nb: usize,
-    bucket: &impl Fn(f32) -> u32,
-    b: &mut BucketScratch,
-) -> Option<usize> {
-    if scale <= 0.0 {
+fn fill_top(cut: Cut, r: &[f32], grid: Grid, b: &mut BucketScratch) -> Option<usize> {
+    let nb = grid.nb;
+    if grid.scale <= 0.0 {
         return None;
     }
     let mut cap = b.hint.max(64).min(nb - 1);
     loop {
-        let at_least = at_least(max, scale, cap);
+        let at_least = grid.at_least(cap);
         if arch::count_ge(r, at_least) > r.len() / 8 {
             return None;
         }
         b.positions.clear();
         arch::positions_ge(r, at_least, &mut b.positions);
         b.ids.clear();
-        b.ids.extend(b.positions.iter().map(|&j| bucket(r[j as usize])));
+        b.ids.extend(b.positions.iter().map(|&j| grid.bucket(r[j as usize])));
         b.starts.clear();
         b.starts.resize(nb + 1, 0);
         for &i in &b.ids {
@@ -230,7 +222,7 @@ fn fill_top(
         for i in 1..=cap {
             b.starts[i] += b.starts[i - 1];
         }
-        if let Some(visited) = cut_bound(p, min_keep, sum, scale, &b.starts, cap) {
+        if let Some(visited) = cut_bound(cut, grid.scale, &b.starts, cap) {
             b.hint = visited;
             #[cfg(test)]
             {
@@ -255,20 +247,13 @@ fn fill_top(
 /// Fills the buckets the walk may visit from the whole row: every entry's bucket (one
 /// vector-friendly pass), the counts, then the entries of the visited buckets only (all of
 /// them on a nearly flat row). Returns how many buckets were filled, as [`fill_top`].
-fn fill_all(
-    p: f32,
-    min_keep: usize,
-    r: &[f32],
-    (max, sum, scale): (f32, f32, f32),
-    nb: usize,
-    bucket: &impl Fn(f32) -> u32,
-    b: &mut BucketScratch,
-) -> usize {
+fn fill_all(cut: Cut, r: &[f32], grid: Grid, b: &mut BucketScratch) -> usize {
+    let nb = grid.nb;
     // PERF: one vector-friendly pass for the bucket numbers, then the counts and the scatter
     // from them (a saturating float-to-integer conversion in the counting loop cost more than
     // the rest of it).
     b.ids.clear();
-    b.ids.extend(r.iter().map(|&x| bucket(x)));
+    b.ids.extend(r.iter().map(|&x| grid.bucket(x)));
     b.starts.clear();
     b.starts.resize(nb + 1, 0);
     // PERF: the buffers as local slices, so that the loops keep their addresses in registers
@@ -282,7 +267,7 @@ fn fill_all(
     for i in 1..=nb {
         counts[i] += counts[i - 1];
     }
-    let visited = cut_bound(p, min_keep, sum, scale, &b.starts, nb - 1).unwrap_or(nb);
+    let visited = cut_bound(cut, grid.scale, &b.starts, nb - 1).unwrap_or(nb);
     b.hint = visited;
     // PERF: where the visited buckets hold most of the row (a nearly flat one), listing their
     // entries first cost more than it saved: 0.9–1.0 against 0.75–0.85 ms at V = 128k.
@@ -291,7 +276,7 @@ fn fill_all(
     } else {
         // Their entries, found by one vector pass, then checked one by one.
         b.positions.clear();
-        arch::positions_ge(r, at_least(max, scale, visited), &mut b.positions);
+        arch::positions_ge(r, grid.at_least(visited), &mut b.positions);
         let ids = &b.ids;
         scatter(
             b.positions.iter().map(|&j| (r[j as usize], &ids[j as usize])),
@@ -304,21 +289,40 @@ fn fill_all(
     visited
 }
 
-/// The bucket of `x` on a row whose maximum is `max`, for buckets `1 / scale` wide below it and
-/// `last` the last bucket: `y = fl32(fl32(max - x) · scale)`, at least 0, clamped to `last`
-/// (`-inf` gives `inf`, or `NaN` times a zero scale, which `min` turns into `last`); adding
-/// 2^23 rounds it to an integer in the low bits, and rounding too only grows with `y`.
-#[inline]
-fn bucket_of(x: f32, max: f32, scale: f32, last: f32) -> u32 {
-    let y = ((max - x) * scale).min(last);
-    (y + 8_388_608.0).to_bits() - 0x4b00_0000
+/// The buckets of a row whose maximum is `max`: `nb` of them, `1 / scale` wide below it, the
+/// last also holding everything below the range.
+#[derive(Clone, Copy)]
+struct Grid {
+    max: f32,
+    scale: f32,
+    nb: usize,
 }
 
-/// A value that every entry of the first `buckets` buckets ([`bucket_of`]) reaches:
-/// `max - (buckets + 1) / scale` rounded down, from [`cut_bound`]'s bound `max - x < (i + 1)
-/// / scale` on bucket `i`, with a bucket to spare.
-fn at_least(max: f32, scale: f32, buckets: usize) -> f32 {
-    super::dense::f32_at_most(f64::from(max) - (buckets as f64 + 1.0) / f64::from(scale))
+impl Grid {
+    /// The bucket of `x`: `y = fl32(fl32(max - x) · scale)`, at least 0, clamped to the last
+    /// (`-inf` gives `inf`, or `NaN` times a zero scale, which `min` turns into the last);
+    /// adding 2^23 rounds it to an integer in the low bits, and rounding too only grows with
+    /// `y`.
+    #[inline]
+    fn bucket(&self, x: f32) -> u32 {
+        let y = ((self.max - x) * self.scale).min((self.nb - 1) as f32);
+        (y + 8_388_608.0).to_bits() - 0x4b00_0000
+    }
+
+    /// A value that every entry of the first `buckets` buckets reaches: `max - (buckets + 1) /
+    /// scale` rounded down, from [`cut_bound`]'s bound `max - x < (i + 1) / scale` on bucket
+    /// `i`, with a bucket to spare.
+    fn at_least(&self, buckets: usize) -> f32 {
+        super::dense::f32_at_most(f64::from(self.max) - (buckets as f64 + 1.0) / f64::from(self.scale))
+    }
+}
+
+/// `top_p(p, min_keep)` over a row whose softmax sum is `sum`.
+#[derive(Clone, Copy)]
+struct Cut {
+    p: f32,
+    min_keep: usize,
+    sum: f32,
 }
 
 /// Places the `entries` (value, bucket) of the first `visited` buckets in `vals`, by bucket
@@ -359,7 +363,7 @@ fn scatter<'a>(
 /// partial sum rounded once (relative `2^-24`, and every term is positive), so it ends at or
 /// above `(1 - 2^-24)^(2m) > 1 - m · 2^-23` times their exact total `Σ w / sum` while every
 /// weight and term is a normal f32.
-fn cut_bound(p: f32, min_keep: usize, sum: f32, scale: f32, starts: &[u32], counted: usize) -> Option<usize> {
+fn cut_bound(Cut { p, min_keep, sum }: Cut, scale: f32, starts: &[u32], counted: usize) -> Option<usize> {
     if !(scale > 0.0 && sum > 0.0 && sum.is_finite() && p <= 1.0) {
         return None;
     }
@@ -497,7 +501,7 @@ mod tests {
     }
 
     /// The bounds the top buckets are found and counted by ([`cut_bound`]'s): every value of
-    /// bucket `i` lies at or above [`at_least`] of `i + 1` buckets (so of any more) and
+    /// bucket `i` lies at or above [`Grid::at_least`] of `i + 1` buckets (so of any more) and
     /// `max - x < (i + 1) / scale`, and its weight is at least `exp(-(i + 1) / scale)` less
     /// `2^-19`; on values at and around the buckets' edges, with maxima and widths from tiny
     /// to large.
@@ -510,7 +514,7 @@ mod tests {
             let buckets = [64usize, 256, 1024, 2048][rng.below(4)];
             let depth = [1e-3f32, 0.1, 1.0, 7.0, 40.0, 128.0][rng.below(6)] * (0.5 + rng.next_f64() as f32);
             let scale = buckets as f32 / depth;
-            let last = buckets as f32;
+            let grid = Grid { max, scale, nb: buckets + 1 };
             for _ in 0..40 {
                 // Near an edge `(k + 1/2) / scale` below the maximum, a few ulps either way.
                 let k = rng.below(buckets);
@@ -519,12 +523,12 @@ mod tests {
                 if !(x <= max && x.is_finite()) {
                     continue;
                 }
-                let i = bucket_of(x, max, scale, last) as usize;
+                let i = grid.bucket(x) as usize;
                 if i + 1 >= buckets {
                     continue;
                 }
                 checked += 1;
-                assert!(x >= at_least(max, scale, i + 1), "case {case}: x {x} in bucket {i}");
+                assert!(x >= grid.at_least(i + 1), "case {case}: x {x} in bucket {i}");
                 let d = f64::from(max) - f64::from(x);
                 assert!(d < (i + 1) as f64 / f64::from(scale), "case {case}: x {x} in bucket {i}");
                 let w = f64::from((x - max).exp());
