@@ -56,7 +56,7 @@ pub(crate) struct BottomScratch {
 }
 
 /// The sample takes every this many tokens.
-const STRIDE: usize = 32;
+pub(super) const STRIDE: usize = 32;
 
 /// About this many sampled tokens a bucket, and the most buckets.
 const PER_BUCKET: usize = 8;
@@ -143,6 +143,24 @@ pub(crate) fn top_p_dist(d: TopPDraw, r: &[f32], s: &mut Scratch, b: &mut Bottom
     None
 }
 
+/// Counts every [`STRIDE`]-th token of `r` whose processed logit `z = fl32(r / t)` is at or
+/// below `below` into `counts` (added to), by its bucket `fl32(fl32(max - z) · scale)`
+/// rounded, the last bucket taking everything past it (`-inf` too). Each bucket `k` holds
+/// values about `k / scale` below `max`: its tokens weigh about `e^(-k / scale)`. The sample
+/// of [`sample_bound`] (from below) and of [`row`](super::row)'s top set sizing (from above).
+pub(super) fn sample_counts(r: &[f32], t: f32, max: f32, scale: f32, below: f32, counts: &mut [u32]) {
+    let last = counts.len() - 1;
+    for &x in r.iter().step_by(STRIDE) {
+        let z = x / t;
+        if z <= below {
+            let y = ((max - z) * scale).min(last as f32);
+            // Adding 2^23 rounds `y >= 0` to an integer in the low mantissa bits.
+            let k = ((y + 8_388_608.0).to_bits() - 0x4b00_0000) as usize;
+            counts[k.min(last)] += 1;
+        }
+    }
+}
+
 /// From every [`STRIDE`]-th token, a processed-logit bound below which the tokens hold about
 /// `margin` times the `threshold` share of the mass (as the sample estimates it); `None`
 /// where the sample holds one value.
@@ -161,12 +179,7 @@ fn sample_bound(t: f32, max: f32, threshold: f32, margin: f64, r: &[f32], b: &mu
     let last = want; // the floor's bucket
     b.counts.clear();
     b.counts.resize(want + 1, 0);
-    for &z in r.iter().step_by(STRIDE) {
-        let y = ((max - z / t) * scale).min(last as f32);
-        // Adding 2^23 rounds `y >= 0` to an integer in the low mantissa bits.
-        let k = ((y + 8_388_608.0).to_bits() - 0x4b00_0000) as usize;
-        b.counts[k.min(last)] += 1;
-    }
+    sample_counts(r, t, max, scale, f32::INFINITY, &mut b.counts);
     // Each bucket's tokens at its middle weight `e^(-k / scale)`, by one ratio from bucket to
     // bucket (an estimate: one `exp` per bucket would cost more than the sample); the floor's
     // at 0.

@@ -1006,35 +1006,27 @@ fn top_p_cuts(
 
 /// About how many of the largest tokens below a top set hold the share `share` of the
 /// softmax mass below it, every processed logit `z = fl32(r / t)` of theirs at or below
-/// `floor` (`max` the row's): from every 32nd token, in buckets an eighth of a nat wide, each
-/// weighing as its middle `exp(z - max)`. A share rather than a mass, so that the sample's
-/// error in the total cancels. Where [`top_p_cuts`] sizes its next top set, not a bound.
+/// `floor` (`max` the row's): from [`bottom`]'s sample of the row
+/// ([`sample_counts`](bottom::sample_counts)) in buckets an eighth of a nat wide. A share rather
+/// than a mass, so that the sample's error in the total cancels. Where [`top_p_cuts`] sizes its
+/// next top set, not a bound.
 fn tokens_for_share(r: &[f32], t: f32, max: f32, floor: f32, share: f64) -> usize {
-    const STRIDE: usize = 32;
     const PER_NAT: f32 = 8.0;
-    const BUCKETS: usize = 512;
-    let mut counts = [0u32; BUCKETS];
-    for &x in r.iter().step_by(STRIDE) {
-        let z = x / t;
-        if z <= floor {
-            // `-inf` gives `inf` and the last bucket; rows are NaN-free here.
-            let d = ((max - z) * PER_NAT).max(0.0);
-            counts[if d < (BUCKETS - 1) as f32 { d as usize } else { BUCKETS - 1 }] += 1;
-        }
-    }
-    // Each bucket's weight, from the first's by a constant ratio.
-    let (first, step) = ((-0.5 / f64::from(PER_NAT)).exp(), (-1.0 / f64::from(PER_NAT)).exp());
-    let mut w = first;
+    let mut counts = [0u32; 512];
+    bottom::sample_counts(r, t, max, PER_NAT, floor, &mut counts);
+    // Bucket `k`'s weight `e^(-k / 8)`, by one ratio from bucket to bucket.
+    let step = (-1.0 / f64::from(PER_NAT)).exp();
+    let mut w = 1.0;
     let mut total = 0.0;
     for &c in &counts {
         total += f64::from(c) * w;
         w *= step;
     }
     let (mut mass, mut seen) = (0.0, 0);
-    w = first;
+    w = 1.0;
     for &c in &counts {
         mass += f64::from(c) * w;
-        seen += c as usize * STRIDE;
+        seen += c as usize * bottom::STRIDE;
         w *= step;
         if mass >= share * total && total > 0.0 {
             return seen;
